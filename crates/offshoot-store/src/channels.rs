@@ -1,0 +1,432 @@
+//! Channels and members.
+
+use crate::rows::{self, placeholders, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
+use crate::users::load_users;
+use crate::{domain, not_found, Result, Store, Tx};
+use offshoot_core::model::{Audience, Channel, Custom, Event, Member, User};
+use offshoot_core::{time, Error};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, AssertSqlSafe};
+
+#[derive(Debug, Clone, Default)]
+pub struct MemberInput {
+    pub user_id: String,
+    pub channel_role: Option<String>,
+    pub custom: Custom,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NewChannel {
+    pub kind: String,
+    pub id: String,
+    pub created_by_id: Option<String>,
+    pub team: Option<String>,
+    pub custom: Custom,
+    pub members: Vec<MemberInput>,
+}
+
+/// Query Channels: every `Some` narrows the result.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelFilter {
+    pub types: Option<Vec<String>>,
+    pub cids: Option<Vec<String>>,
+    pub ids: Option<Vec<String>>,
+    /// Channels that have any of these users as members.
+    pub members_any: Option<Vec<String>>,
+    /// Channels that have all of these users as members.
+    pub members_all: Option<Vec<String>>,
+    pub created_by_ids: Option<Vec<String>>,
+    /// Restricts the result to channels this user is a member of (client-side callers).
+    pub member_of: Option<String>,
+    /// `(column, descending)`; allowed columns are checked by the caller.
+    pub sort: Vec<(String, bool)>,
+    pub limit: i64,
+    pub offset: i64,
+}
+
+pub(crate) fn event_for(kind: &str, channel: &Channel, user: Option<User>) -> Event {
+    Event {
+        kind: kind.to_string(),
+        cid: Some(channel.cid.clone()),
+        channel_type: Some(channel.kind.clone()),
+        channel_id: Some(channel.id.clone()),
+        user,
+        created_at: time::now(),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn to_watchers_and_hooks(cid: &str) -> Audience {
+    Audience { watchers_of: Some(cid.to_string()), users: Vec::new(), webhooks: true }
+}
+
+impl Store {
+    pub async fn get_channel(&self, cid: &str) -> Result<Option<Channel>> {
+        let mut conn = self.pool().acquire().await?;
+        load_channel(&mut conn, cid).await
+    }
+
+    pub async fn is_member(&self, cid: &str, user_id: &str) -> Result<bool> {
+        let row: Option<AnyRow> = sqlx::query("SELECT user_id FROM member WHERE cid = $1 AND user_id = $2")
+            .bind(cid.to_string())
+            .bind(user_id.to_string())
+            .fetch_optional(self.pool())
+            .await?;
+        Ok(row.is_some())
+    }
+
+    pub async fn members(&self, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {
+        let mut conn = self.pool().acquire().await?;
+        load_members(&mut conn, cid, limit, offset).await
+    }
+
+    /// Get-or-create. Returns the channel and whether this call created it. A soft-deleted
+    /// channel is brought back empty: its old messages stay hidden behind `truncated_at`.
+    pub async fn create_channel(&self, new: &NewChannel) -> Result<(Channel, bool)> {
+        let cid = offshoot_core::ids::cid(&new.kind, &new.id);
+        let mut tx = self.begin().await?;
+        let existing = load_channel(&mut tx.tx, &cid).await?;
+        if let Some(ch) = &existing {
+            if ch.deleted_at.is_none() {
+                tx.commit(self).await?;
+                return Ok((existing.expect("checked"), false));
+            }
+        }
+        let now = time::now();
+        if let Some(old) = existing {
+            sqlx::query("UPDATE channel SET deleted_at = NULL, truncated_at = $1, custom = $2, created_by_id = $3, team = $4, updated_at = $1, created_at = $1 WHERE cid = $5")
+                .bind(now)
+                .bind(serde_json::to_string(&new.custom)?)
+                .bind(new.created_by_id.clone())
+                .bind(new.team.clone())
+                .bind(old.cid.clone())
+                .execute(&mut *tx.tx)
+                .await?;
+            sqlx::query("DELETE FROM member WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
+        } else {
+            insert_channel_row(&mut tx, &cid, new, now).await?;
+        }
+        let creator = match &new.created_by_id {
+            Some(id) => load_users(&mut tx.tx, std::slice::from_ref(id)).await?.remove(id),
+            None => None,
+        };
+        let channel = load_channel(&mut tx.tx, &cid).await?.expect("just written");
+        tx.event(event_for("channel.created", &channel, creator.clone()).with_channel(&channel), to_watchers_and_hooks(&cid)).await?;
+        add_members_tx(&mut tx, &channel, &new.members, creator.as_ref()).await?;
+        let channel = load_channel(&mut tx.tx, &cid).await?.expect("just written");
+        tx.commit(self).await?;
+        Ok((channel, true))
+    }
+
+    /// Full update: replaces the custom data (and team when given).
+    pub async fn update_channel(&self, cid: &str, custom: Option<&Custom>, team: Option<&str>, frozen: Option<bool>, actor: Option<&User>) -> Result<Channel> {
+        let mut tx = self.begin().await?;
+        let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        if let Some(c) = custom {
+            ch.custom = c.clone();
+        }
+        if let Some(t) = team {
+            ch.team = Some(t.to_string());
+        }
+        if let Some(f) = frozen {
+            ch.frozen = f;
+        }
+        write_channel_fields(&mut tx, &ch).await?;
+        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        Ok(ch)
+    }
+
+    pub async fn partial_update_channel(&self, cid: &str, set: &Custom, unset: &[String], actor: Option<&User>) -> Result<Channel> {
+        let mut tx = self.begin().await?;
+        let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        for (k, v) in set {
+            match k.as_str() {
+                "team" => ch.team = v.as_str().map(str::to_string),
+                "frozen" => ch.frozen = v.as_bool().unwrap_or(false),
+                "disabled" => ch.disabled = v.as_bool().unwrap_or(false),
+                "cid" | "id" | "type" | "created_at" | "updated_at" | "created_by" | "created_by_id" | "members" | "member_count" | "fork" | "deleted_at" | "truncated_at" => {
+                    return domain(Error::input(format!("field {k:?} cannot be changed by a partial update")));
+                }
+                _ => {
+                    ch.custom.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        for k in unset {
+            if k == "team" {
+                ch.team = None;
+            } else {
+                ch.custom.remove(k);
+            }
+        }
+        write_channel_fields(&mut tx, &ch).await?;
+        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        Ok(ch)
+    }
+
+    pub async fn add_members(&self, cid: &str, members: &[MemberInput], actor: Option<&User>) -> Result<Channel> {
+        let mut tx = self.begin().await?;
+        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        add_members_tx(&mut tx, &ch, members, actor).await?;
+        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        tx.commit(self).await?;
+        Ok(ch)
+    }
+
+    pub async fn remove_members(&self, cid: &str, user_ids: &[String], actor: Option<&User>) -> Result<Channel> {
+        let mut tx = self.begin().await?;
+        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let users = load_users(&mut tx.tx, user_ids).await?;
+        for uid in user_ids {
+            let res = sqlx::query("DELETE FROM member WHERE cid = $1 AND user_id = $2")
+                .bind(cid.to_string())
+                .bind(uid.clone())
+                .execute(&mut *tx.tx)
+                .await?;
+            if res.rows_affected() == 0 {
+                continue;
+            }
+            let now = time::now();
+            let member = Member { cid: cid.to_string(), user_id: uid.clone(), user: users.get(uid).cloned(), channel_role: "channel_member".into(), custom: Custom::new(), created_at: now, updated_at: now };
+            let mut ev = event_for("member.removed", &ch, actor.cloned().or_else(|| users.get(uid).cloned()));
+            ev.member = Some(member.clone());
+            tx.event(ev, to_watchers_and_hooks(cid)).await?;
+            let mut note = event_for("notification.removed_from_channel", &ch, actor.cloned());
+            note.member = Some(member);
+            note.channel = Some(ch.clone());
+            tx.event(note, Audience { watchers_of: None, users: vec![uid.clone()], webhooks: false }).await?;
+        }
+        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        tx.commit(self).await?;
+        Ok(ch)
+    }
+
+    /// Soft delete keeps the rows and sets `deleted_at`; hard delete removes the channel, its
+    /// members, messages, reactions and read state, and its fork row (freeing the source's slot).
+    pub async fn delete_channel(&self, cid: &str, hard: bool, actor: Option<&User>) -> Result<Channel> {
+        let mut tx = self.begin().await?;
+        let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let now = time::now();
+        if hard {
+            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1)").bind(cid.to_string()).execute(&mut *tx.tx).await?;
+            for sql in [
+                "DELETE FROM message WHERE cid = $1",
+                "DELETE FROM member WHERE cid = $1",
+                "DELETE FROM channel_read WHERE cid = $1",
+                "DELETE FROM fork WHERE cid = $1",
+                "DELETE FROM channel WHERE cid = $1",
+            ] {
+                sqlx::query(sql).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+            }
+        } else {
+            sqlx::query("UPDATE channel SET deleted_at = $1, updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+        }
+        ch.deleted_at = Some(now);
+        ch.updated_at = now;
+        tx.event(event_for("channel.deleted", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        Ok(ch)
+    }
+
+    pub async fn query_channels(&self, f: &ChannelFilter) -> Result<Vec<Channel>> {
+        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL");
+        let mut binds: Vec<String> = Vec::new();
+        let list = |sql: &mut String, col: &str, values: &[String], binds: &mut Vec<String>| {
+            if values.is_empty() {
+                sql.push_str(" AND 1 = 0");
+                return;
+            }
+            sql.push_str(&format!(" AND {col} IN ({})", placeholders(binds.len() + 1, values.len())));
+            binds.extend(values.iter().cloned());
+        };
+        if let Some(v) = &f.types {
+            list(&mut sql, "c.type", v, &mut binds);
+        }
+        if let Some(v) = &f.cids {
+            list(&mut sql, "c.cid", v, &mut binds);
+        }
+        if let Some(v) = &f.ids {
+            list(&mut sql, "c.id", v, &mut binds);
+        }
+        if let Some(v) = &f.created_by_ids {
+            list(&mut sql, "c.created_by_id", v, &mut binds);
+        }
+        if let Some(v) = &f.members_any {
+            let mut inner = String::new();
+            list(&mut inner, "mf.user_id", v, &mut binds);
+            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mf WHERE mf.cid = c.cid{inner})"));
+        }
+        if let Some(v) = &f.members_all {
+            for uid in v {
+                binds.push(uid.clone());
+                sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = ${})", binds.len()));
+            }
+        }
+        if let Some(uid) = &f.member_of {
+            binds.push(uid.clone());
+            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = ${})", binds.len()));
+        }
+        let mut order: Vec<String> = f.sort.iter().map(|(col, desc)| format!("{col} {}", if *desc { "DESC" } else { "ASC" })).collect();
+        order.push("c.cid ASC".into());
+        sql.push_str(&format!(" ORDER BY {} LIMIT {} OFFSET {}", order.join(", "), f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            q = q.bind(b);
+        }
+        let mut conn = self.pool().acquire().await?;
+        let rows: Vec<AnyRow> = q.fetch_all(&mut *conn).await?;
+        let mut channels = rows.iter().map(rows::channel).collect::<Result<Vec<_>>>()?;
+        for ch in &mut channels {
+            hydrate_channel(&mut conn, ch).await?;
+        }
+        Ok(channels)
+    }
+
+    /// Read state of a channel: (user_id, last_read, last_read_message_id).
+    pub async fn read_states(&self, cid: &str) -> Result<Vec<(String, i64, Option<String>)>> {
+        let rows: Vec<AnyRow> = sqlx::query("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
+            .bind(cid.to_string())
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(|r| Ok((rows::get_str(r, "user_id")?, rows::get_i64(r, "last_read")?, rows::get_opt_str(r, "last_read_message_id")?))).collect()
+    }
+
+    pub async fn mark_read(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
+        let mut tx = self.begin().await?;
+        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let now = time::now();
+        sqlx::query("INSERT INTO channel_read (cid, user_id, last_read, last_read_message_id, created_at, updated_at) VALUES ($1, $2, $3, $4, $3, $3) ON CONFLICT (cid, user_id) DO UPDATE SET last_read = $3, last_read_message_id = $4, updated_at = $3")
+            .bind(cid.to_string())
+            .bind(user.id.clone())
+            .bind(now)
+            .bind(message_id.map(str::to_string))
+            .execute(&mut *tx.tx)
+            .await?;
+        tx.event(event_for("message.read", &ch, Some(user.clone())), to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        Ok(now)
+    }
+}
+
+trait WithChannel {
+    fn with_channel(self, ch: &Channel) -> Self;
+}
+impl WithChannel for Event {
+    fn with_channel(mut self, ch: &Channel) -> Self {
+        self.channel = Some(ch.clone());
+        self
+    }
+}
+
+pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel, now: i64) -> Result<()> {
+    sqlx::query("INSERT INTO channel (cid, type, id, created_by_id, team, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)")
+        .bind(cid.to_string())
+        .bind(new.kind.clone())
+        .bind(new.id.clone())
+        .bind(new.created_by_id.clone())
+        .bind(new.team.clone())
+        .bind(serde_json::to_string(&new.custom)?)
+        .bind(now)
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+async fn write_channel_fields(tx: &mut Tx, ch: &Channel) -> Result<()> {
+    sqlx::query("UPDATE channel SET custom = $1, team = $2, frozen = $3, disabled = $4, updated_at = $5 WHERE cid = $6")
+        .bind(serde_json::to_string(&ch.custom)?)
+        .bind(ch.team.clone())
+        .bind(ch.frozen)
+        .bind(ch.disabled)
+        .bind(time::now())
+        .bind(ch.cid.clone())
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+/// Adds members that are not members yet, with `member.added` and
+/// `notification.added_to_channel` for each.
+pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberInput], actor: Option<&User>) -> Result<()> {
+    let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
+    let users = load_users(&mut tx.tx, &ids).await?;
+    let now = time::now();
+    for m in members {
+        let role = m.channel_role.clone().unwrap_or_else(|| {
+            if ch.created_by_id.as_deref() == Some(m.user_id.as_str()) {
+                "channel_moderator".into()
+            } else {
+                "channel_member".into()
+            }
+        });
+        let res = sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
+            .bind(ch.cid.clone())
+            .bind(m.user_id.clone())
+            .bind(role.clone())
+            .bind(serde_json::to_string(&m.custom)?)
+            .bind(now)
+            .execute(&mut *tx.tx)
+            .await?;
+        if res.rows_affected() == 0 {
+            continue;
+        }
+        let member = Member { cid: ch.cid.clone(), user_id: m.user_id.clone(), user: users.get(&m.user_id).cloned(), channel_role: role, custom: m.custom.clone(), created_at: now, updated_at: now };
+        let mut ev = event_for("member.added", ch, actor.cloned().or_else(|| users.get(&m.user_id).cloned()));
+        ev.member = Some(member.clone());
+        tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
+        let mut note = event_for("notification.added_to_channel", ch, actor.cloned());
+        note.member = Some(member);
+        note.channel = Some(ch.clone());
+        tx.event(note, Audience { watchers_of: None, users: vec![m.user_id.clone()], webhooks: false }).await?;
+    }
+    Ok(())
+}
+
+/// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
+pub(crate) async fn load_channel(conn: &mut AnyConnection, cid: &str) -> Result<Option<Channel>> {
+    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
+        .bind(cid.to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let mut ch = rows::channel(&row)?;
+    hydrate_channel(conn, &mut ch).await?;
+    Ok(Some(ch))
+}
+
+pub(crate) async fn hydrate_channel(conn: &mut AnyConnection, ch: &mut Channel) -> Result<()> {
+    if let Some(id) = &ch.created_by_id {
+        ch.created_by = load_users(conn, std::slice::from_ref(id)).await?.remove(id);
+    }
+    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid = $1")))
+        .bind(ch.cid.clone())
+        .fetch_optional(&mut *conn)
+        .await?;
+    ch.fork = row.as_ref().map(rows::fork).transpose()?;
+    let row: Option<AnyRow> = sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
+        .bind(ch.kind.clone())
+        .fetch_optional(&mut *conn)
+        .await?;
+    ch.config = row.as_ref().map(rows::channel_type).transpose()?;
+    Ok(())
+}
+
+pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {
+    let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {MEMBER_COLS} FROM member WHERE cid = $1 ORDER BY created_at, user_id LIMIT $2 OFFSET $3")))
+        .bind(cid.to_string())
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut members = rows.iter().map(rows::member).collect::<Result<Vec<_>>>()?;
+    let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
+    let users = load_users(conn, &ids).await?;
+    for m in &mut members {
+        m.user = users.get(&m.user_id).cloned();
+    }
+    Ok(members)
+}

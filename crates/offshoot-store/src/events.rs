@@ -1,0 +1,143 @@
+//! The transactional outbox. Events are written in the transaction of the change they
+//! announce; consumers read them in `seq` order from a cursor of their own.
+
+use crate::rows::{get_i64, get_str};
+use crate::{Backend, Result, Store, Tx};
+use offshoot_core::model::{Audience, Event, OutboxEvent};
+use offshoot_core::time;
+use sqlx::any::AnyRow;
+
+impl Tx {
+    /// Appends an event to the outbox in this transaction.
+    pub(crate) async fn event(&mut self, event: Event, audience: Audience) -> Result<()> {
+        if self.backend == Backend::Postgres && !self.wrote_events {
+            // Serialise outbox writers until commit, so `seq` order is commit order and a
+            // consumer's cursor never skips an event committed late.
+            sqlx::query("SELECT pg_advisory_xact_lock(7261001)").execute(&mut *self.tx).await?;
+        }
+        self.wrote_events = true;
+        sqlx::query("INSERT INTO event (type, cid, payload, audience, created_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(event.kind.clone())
+            .bind(event.cid.clone())
+            .bind(serde_json::to_string(&event)?)
+            .bind(serde_json::to_string(&audience)?)
+            .bind(event.created_at)
+            .execute(&mut *self.tx)
+            .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Events with `seq > after`, oldest first.
+    pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<OutboxEvent>> {
+        let rows: Vec<AnyRow> = sqlx::query("SELECT seq, payload, audience FROM event WHERE seq > $1 ORDER BY seq LIMIT $2")
+            .bind(after)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OutboxEvent {
+                    seq: get_i64(r, "seq")?,
+                    event: serde_json::from_str(&get_str(r, "payload")?)?,
+                    audience: serde_json::from_str(&get_str(r, "audience")?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest `seq` in the outbox (0 when empty).
+    pub async fn last_event_seq(&self) -> Result<i64> {
+        let row: AnyRow = sqlx::query("SELECT COALESCE(MAX(seq), 0) AS seq FROM event").fetch_one(self.pool()).await?;
+        get_i64(&row, "seq")
+    }
+
+    /// A consumer's cursor; created at the current end of the outbox on first use.
+    pub async fn outbox_cursor(&self, name: &str) -> Result<i64> {
+        let row: Option<AnyRow> = sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1")
+            .bind(name.to_string())
+            .fetch_optional(self.pool())
+            .await?;
+        if let Some(row) = row {
+            return get_i64(&row, "seq");
+        }
+        let mut tx = self.begin().await?;
+        let now = time::now();
+        sqlx::query("INSERT INTO outbox_cursor (name, seq, created_at, updated_at) SELECT $1, COALESCE(MAX(seq), 0), $2, $2 FROM event ON CONFLICT (name) DO NOTHING")
+            .bind(name.to_string())
+            .bind(now)
+            .execute(&mut *tx.tx)
+            .await?;
+        let row: AnyRow = sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_one(&mut *tx.tx).await?;
+        tx.commit(self).await?;
+        get_i64(&row, "seq")
+    }
+
+    /// Moves a cursor forward and queues webhook deliveries for the events passed over, in
+    /// one transaction: a crash in between neither loses nor repeats a delivery.
+    pub async fn advance_cursor(&self, name: &str, seq: i64, deliveries: &[(i64, String)]) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = time::now();
+        sqlx::query("UPDATE outbox_cursor SET seq = $1, updated_at = $2 WHERE name = $3 AND seq < $1")
+            .bind(seq)
+            .bind(now)
+            .bind(name.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+        for (event_seq, url) in deliveries {
+            sqlx::query("INSERT INTO webhook_delivery (id, seq, url, attempt, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, 0, $4, $4, $4)")
+                .bind(uuid::Uuid::new_v4().to_string())
+                .bind(*event_seq)
+                .bind(url.clone())
+                .bind(now)
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        tx.commit(self).await
+    }
+
+    /// Deliveries due now: (delivery id, event, url, attempts so far).
+    pub async fn due_deliveries(&self, limit: i64) -> Result<Vec<(String, OutboxEvent, String, i64)>> {
+        let rows: Vec<AnyRow> = sqlx::query(
+            "SELECT d.id, d.url, d.attempt, e.seq, e.payload, e.audience FROM webhook_delivery d JOIN event e ON e.seq = d.seq WHERE d.next_attempt_at <= $1 ORDER BY d.seq LIMIT $2",
+        )
+        .bind(time::now())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    get_str(r, "id")?,
+                    OutboxEvent {
+                        seq: get_i64(r, "seq")?,
+                        event: serde_json::from_str(&get_str(r, "payload")?)?,
+                        audience: serde_json::from_str(&get_str(r, "audience")?)?,
+                    },
+                    get_str(r, "url")?,
+                    get_i64(r, "attempt")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Records the outcome of a delivery attempt: done (removed) or retried at `retry_at`.
+    pub async fn finish_delivery(&self, id: &str, retry_at: Option<i64>) -> Result<()> {
+        let mut tx = self.begin().await?;
+        match retry_at {
+            None => {
+                sqlx::query("DELETE FROM webhook_delivery WHERE id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
+            }
+            Some(at) => {
+                sqlx::query("UPDATE webhook_delivery SET attempt = attempt + 1, next_attempt_at = $1, updated_at = $2 WHERE id = $3")
+                    .bind(at)
+                    .bind(time::now())
+                    .bind(id.to_string())
+                    .execute(&mut *tx.tx)
+                    .await?;
+            }
+        }
+        tx.commit(self).await
+    }
+}

@@ -1,0 +1,556 @@
+//! Fork: the synchronous part (one transaction: channel, members, newest page, summary, task,
+//! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
+
+use crate::channels::{event_for, insert_channel_row, load_channel, load_members, MemberInput, NewChannel};
+use crate::messages::{bind_all, ensure_user, insert_message_row, load_message, lock_channel, Bind};
+use crate::rows::{self, placeholders, FORK_COLS, MESSAGE_COLS};
+use crate::users::load_users;
+use crate::{domain, not_found, Backend, Result, Store, Tx};
+use offshoot_core::fork::{self as plan, SizeLimits};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Message, Task, User};
+use offshoot_core::{ids, time, Error, ErrorKind};
+use serde_json::{json, Map, Value};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, AssertSqlSafe};
+
+#[derive(Debug, Clone, Default)]
+pub struct ForkRequest {
+    pub source_cid: String,
+    pub message_id: String,
+    pub target_id: String,
+    pub custom: Custom,
+    pub team: Option<String>,
+    pub members: Option<Vec<MemberInput>>,
+    pub exclude_attachments: bool,
+    pub created_by_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ForkOutcome {
+    pub channel: Channel,
+    pub fork: ForkSummary,
+    pub message_id_map: Map<String, Value>,
+    /// False when the request was a retry that found the existing fork.
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackfillStep {
+    /// More pages to copy.
+    More,
+    /// The fork is completed or failed (now or before).
+    Done,
+    /// The fork no longer exists (hard-deleted).
+    Gone,
+}
+
+/// Messages a fork copies: visible to a client (not hidden by rewind or truncation, not
+/// deleted, not shadowed), created up to the fork point; a reply only when its parent is
+/// copied too. `$1` source cid, `$2` truncated_at, `$3`/`$4` the fork point, `$5`/`$6` the
+/// cap boundary (oldest copied position).
+const ELIGIBLE: &str = "m.cid = $1 AND m.hidden_at IS NULL AND m.created_at > $2 AND m.deleted_at IS NULL AND m.shadowed = FALSE \
+    AND m.type NOT IN ('deleted', 'ephemeral', 'error') AND (m.created_at, m.id) <= ($3, $4) AND (m.created_at, m.id) >= ($5, $6) \
+    AND (m.parent_id IS NULL OR EXISTS (SELECT 1 FROM message p WHERE p.id = m.parent_id AND p.cid = $1 AND p.parent_id IS NULL \
+    AND p.hidden_at IS NULL AND p.created_at > $2 AND p.deleted_at IS NULL AND p.shadowed = FALSE AND p.type NOT IN ('deleted', 'ephemeral', 'error') \
+    AND (p.created_at, p.id) <= ($3, $4) AND (p.created_at, p.id) >= ($5, $6)))";
+
+struct ForkRow {
+    summary: ForkSummary,
+    exclude_attachments: bool,
+    point_created_at: i64,
+    planned: bool,
+    boundary: Option<(i64, String)>,
+    cursor: Option<(i64, String)>,
+    first_page_map: Map<String, Value>,
+}
+
+async fn load_fork_row(conn: &mut AnyConnection, cid: &str) -> Result<Option<ForkRow>> {
+    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+        "SELECT {FORK_COLS}, f.exclude_attachments, f.point_created_at, f.planned, f.boundary_created_at, f.boundary_id, f.cursor_created_at, f.cursor_id, f.first_page_map FROM fork f WHERE f.cid = $1"
+    )))
+    .bind(cid.to_string())
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(r) = row else { return Ok(None) };
+    let pair = |a: Option<i64>, b: Option<String>| a.zip(b);
+    Ok(Some(ForkRow {
+        summary: rows::fork(&r)?,
+        exclude_attachments: rows::get_bool(&r, "exclude_attachments")?,
+        point_created_at: rows::get_i64(&r, "point_created_at")?,
+        planned: rows::get_bool(&r, "planned")?,
+        boundary: pair(rows::get_opt_i64(&r, "boundary_created_at")?, rows::get_opt_str(&r, "boundary_id")?),
+        cursor: pair(rows::get_opt_i64(&r, "cursor_created_at")?, rows::get_opt_str(&r, "cursor_id")?),
+        first_page_map: rows::get_json(&r, "first_page_map")?,
+    }))
+}
+
+/// Why a copy could not be made.
+enum CopyFailure {
+    IdTaken,
+    TooLarge,
+}
+
+/// Copies `sources` (newest first) into the fork. Stops at the first message that cannot be
+/// copied and returns the failure; what was copied before it stays.
+async fn copy_messages(tx: &mut Tx, fork_cid: &str, sources: &[Message], exclude_attachments: bool, limits: SizeLimits, map: &mut Map<String, Value>) -> Result<(i64, Option<CopyFailure>)> {
+    let mut copied = 0;
+    let mut parents: Vec<String> = Vec::new();
+    let mut failure = None;
+    for src in sources {
+        let copy_id = ids::copy_id(fork_cid, &src.id);
+        if let Some((existing, _)) = load_message(&mut tx.tx, &copy_id).await? {
+            if existing.cid == fork_cid && existing.source_message_id.as_deref() == Some(src.id.as_str()) {
+                continue; // copied by an earlier page or attempt
+            }
+            failure = Some(CopyFailure::IdTaken);
+            break;
+        }
+        if !limits.fits(src, !exclude_attachments) {
+            failure = Some(CopyFailure::TooLarge);
+            break;
+        }
+        let copy = Message {
+            id: copy_id.clone(),
+            cid: fork_cid.to_string(),
+            parent_id: src.parent_id.as_ref().map(|p| ids::copy_id(fork_cid, p)),
+            quoted_message_id: src.quoted_message_id.as_ref().map(|q| ids::copy_id(fork_cid, q)),
+            attachments: if exclude_attachments { Vec::new() } else { src.attachments.clone() },
+            shadowed: false,
+            pinned: false,
+            pinned_at: None,
+            pinned_by_id: None,
+            pin_expires: None,
+            reply_count: 0,
+            deleted_reply_count: 0,
+            deleted_at: None,
+            source_cid: Some(src.cid.clone()),
+            source_message_id: Some(src.id.clone()),
+            ..src.clone()
+        };
+        insert_message_row(tx, &copy).await?;
+        parents.push(copy.parent_id.clone().unwrap_or(copy.id.clone()));
+        map.insert(src.id.clone(), Value::String(copy_id));
+        copied += 1;
+    }
+    // `reply_count` of a copy counts its copied replies; replies arrive before their parents
+    // (newest first), so recount the parents this batch touched.
+    parents.sort();
+    parents.dedup();
+    for chunk in parents.chunks(300) {
+        let sql = format!(
+            "UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id) WHERE id IN ({})",
+            placeholders(1, chunk.len())
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        q.execute(&mut *tx.tx).await?;
+    }
+    if copied > 0 {
+        sqlx::query("UPDATE channel SET message_count = (SELECT COUNT(*) FROM message WHERE cid = $1), last_message_at = (SELECT MAX(created_at) FROM message WHERE cid = $1) WHERE cid = $1")
+            .bind(fork_cid.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    Ok((copied, failure))
+}
+
+fn failure_reason(f: &CopyFailure) -> &'static str {
+    match f {
+        CopyFailure::IdTaken => plan::FAILED_ID_TAKEN,
+        CopyFailure::TooLarge => plan::FAILED_TOO_LARGE,
+    }
+}
+
+async fn fetch_messages(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<Message>> {
+    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), binds).fetch_all(&mut *conn).await?;
+    rows.iter().map(rows::message).collect()
+}
+
+fn eligible_binds(source_cid: &str, truncated_at: Option<i64>, point: (i64, &str), boundary: Option<&(i64, String)>) -> Vec<Bind> {
+    let (b_ts, b_id) = boundary.cloned().unwrap_or((i64::MIN, String::new()));
+    vec![
+        Bind::S(source_cid.to_string()),
+        Bind::I(truncated_at.unwrap_or(i64::MIN)),
+        Bind::I(point.0),
+        Bind::S(point.1.to_string()),
+        Bind::I(b_ts),
+        Bind::S(b_id),
+    ]
+}
+
+/// Writes `channel.forked` on the source (watchers and webhooks) and on the fork (watchers and
+/// its first 100 members, WebSocket only; webhooks too when the source is gone or deleted).
+async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
+    let fork_ch = load_channel(&mut tx.tx, fork_cid).await?.expect("the fork exists");
+    let summary = fork_ch.fork.clone().expect("a fork has a summary");
+    let user = match &summary.created_by_id {
+        Some(id) => load_users(&mut tx.tx, std::slice::from_ref(id)).await?.remove(id),
+        None => None,
+    };
+    let source = load_channel(&mut tx.tx, &summary.source_channel_cid).await?;
+    let source_gone = source.as_ref().is_none_or(|s| s.deleted_at.is_some());
+    if let Some(src) = &source {
+        let mut ev = event_for("channel.forked", src, user.clone());
+        ev.channel = Some(src.clone());
+        ev.fork = Some(summary.clone());
+        tx.event(ev, Audience { watchers_of: Some(src.cid.clone()), users: Vec::new(), webhooks: true }).await?;
+    }
+    let members: Vec<String> = load_members(&mut tx.tx, fork_cid, plan::MAX_MEMBERS as i64, 0).await?.into_iter().map(|m| m.user_id).collect();
+    let mut ev = event_for("channel.forked", &fork_ch, user);
+    ev.channel = Some(fork_ch.clone());
+    ev.fork = Some(summary);
+    tx.event(ev, Audience { watchers_of: Some(fork_cid.to_string()), users: members, webhooks: source_gone }).await?;
+    Ok(())
+}
+
+async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()> {
+    let now = time::now();
+    let status = if failed.is_some() { ForkStatus::Failed } else { ForkStatus::Completed };
+    sqlx::query(
+        "UPDATE fork SET status = $1, failed_reason = $2, updated_at = $3, \
+         copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $4 AND source_message_id IS NOT NULL), \
+         oldest_source_message_id = CASE WHEN truncated THEN (SELECT source_message_id FROM message WHERE cid = $4 AND source_message_id IS NOT NULL ORDER BY created_at, id LIMIT 1) ELSE NULL END \
+         WHERE cid = $4",
+    )
+    .bind(status.as_str())
+    .bind(failed.map(str::to_string))
+    .bind(now)
+    .bind(fork_cid.to_string())
+    .execute(&mut *tx.tx)
+    .await?;
+    announce_forked(tx, fork_cid).await
+}
+
+impl Store {
+    /// The fork request: everything in one transaction.
+    pub async fn create_fork(&self, req: &ForkRequest) -> Result<ForkOutcome> {
+        let mut tx = self.begin().await?;
+        lock_channel(&mut tx, &req.source_cid).await?;
+        let (kind, _) = ids::parse_cid(&req.source_cid)?;
+        let fork_cid = ids::cid(&kind, &req.target_id);
+
+        // A retry returns the existing fork; another fork under that id is a conflict.
+        if let Some(existing) = load_fork_row(&mut tx.tx, &fork_cid).await? {
+            let s = &existing.summary;
+            if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
+                let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("a fork row has its channel");
+                tx.commit(self).await?;
+                return Ok(ForkOutcome { fork: channel.fork.clone().expect("fork"), channel, message_id_map: existing.first_page_map, created: false });
+            }
+            return domain(
+                Error::new(ErrorKind::ForkTargetConflict, format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid))
+                    .reason("fork_target_conflict")
+                    .field("source_channel_cid", s.source_channel_cid.clone())
+                    .field("source_message_id", s.source_message_id.clone()),
+            );
+        }
+
+        let Some(source) = load_channel(&mut tx.tx, &req.source_cid).await? else { return not_found(format!("channel {:?} does not exist", req.source_cid)) };
+        if source.deleted_at.is_some() {
+            return not_found(format!("channel {:?} was deleted", req.source_cid));
+        }
+        if source.kind != "agent" {
+            return domain(Error::input(format!("channel {:?} is not an agent channel; only agent channels can be forked", req.source_cid)));
+        }
+        if let Some(f) = &source.fork {
+            if f.status == ForkStatus::Backfilling {
+                return domain(Error::new(ErrorKind::ForkInProgress, format!("channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives", req.source_cid)).reason("fork_in_progress"));
+            }
+        }
+        if load_channel(&mut tx.tx, &fork_cid).await?.is_some() {
+            return domain(Error::input(format!("channel {fork_cid:?} already exists; fork into a new channel id")).reason("fork_target_exists"));
+        }
+        let point = match load_message(&mut tx.tx, &req.message_id).await? {
+            Some((m, false))
+                if m.cid == source.cid
+                    && m.parent_id.is_none()
+                    && (m.kind == "regular" || m.kind == "system")
+                    && m.deleted_at.is_none()
+                    && !m.shadowed
+                    && source.truncated_at.is_none_or(|t| m.created_at > t) =>
+            {
+                m
+            }
+            _ => {
+                return domain(Error::input(format!("message_id {:?} is not a visible top-level regular or system message of channel {:?}", req.message_id, source.cid)));
+            }
+        };
+        let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $4")
+            .bind(source.cid.clone())
+            .bind(point.created_at)
+            .bind(point.id.clone())
+            .bind(source.truncated_at.unwrap_or(i64::MIN))
+            .fetch_one(&mut *tx.tx)
+            .await?;
+        if rows::get_i64(&clash, "n")? > 0 {
+            return domain(
+                Error::new(ErrorKind::ForkPointAmbiguous, format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id)).reason("fork_point_ambiguous"),
+            );
+        }
+        let forks: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE source_cid = $1 AND status <> 'failed'").bind(source.cid.clone()).fetch_one(&mut *tx.tx).await?;
+        if rows::get_i64(&forks, "n")? >= plan::MAX_FORKS {
+            return domain(
+                Error::new(ErrorKind::TooManyForks, format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS))
+                    .reason("too_many_forks")
+                    .field("limit", plan::MAX_FORKS.to_string()),
+            );
+        }
+        let members = match &req.members {
+            Some(m) => m.clone(),
+            None => {
+                let ms = load_members(&mut tx.tx, &source.cid, plan::MAX_MEMBERS as i64 + 1, 0).await?;
+                if ms.len() > plan::MAX_MEMBERS {
+                    return domain(Error::input(format!("channel {:?} has more than {} members; name the fork's members in channel.members", source.cid, plan::MAX_MEMBERS)));
+                }
+                ms.into_iter().map(|m| MemberInput { user_id: m.user_id, channel_role: Some(m.channel_role), custom: m.custom }).collect()
+            }
+        };
+
+        // The fork channel and its members.
+        let now = time::now();
+        let creator_id = req.created_by_id.clone().or_else(|| source.created_by_id.clone());
+        let creator = match &creator_id {
+            Some(id) => Some(ensure_user(&mut tx, &User::placeholder(id, "user")).await?),
+            None => None,
+        };
+        for m in &members {
+            ensure_user(&mut tx, &User::placeholder(&m.user_id, "user")).await?;
+        }
+        let new = NewChannel {
+            kind: kind.clone(),
+            id: req.target_id.clone(),
+            created_by_id: creator_id.clone(),
+            team: req.team.clone().or_else(|| source.team.clone()),
+            custom: req.custom.clone(),
+            members: Vec::new(),
+        };
+        insert_channel_row(&mut tx, &fork_cid, &new, now).await?;
+        for m in &members {
+            let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
+            sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
+                .bind(fork_cid.clone())
+                .bind(m.user_id.clone())
+                .bind(role)
+                .bind(serde_json::to_string(&m.custom)?)
+                .bind(now)
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        let task_id = uuid::Uuid::now_v7().to_string();
+        sqlx::query("INSERT INTO fork (cid, source_cid, source_message_id, status, task_id, created_by_id, exclude_attachments, point_created_at, cursor_created_at, cursor_id, created_at, updated_at) VALUES ($1, $2, $3, 'backfilling', $4, $5, $6, $7, $7, $8, $9, $9)")
+            .bind(fork_cid.clone())
+            .bind(source.cid.clone())
+            .bind(point.id.clone())
+            .bind(task_id.clone())
+            .bind(creator_id.clone())
+            .bind(req.exclude_attachments)
+            .bind(point.created_at)
+            .bind(point.id.clone())
+            .bind(now)
+            .execute(&mut *tx.tx)
+            .await?;
+
+        // The newest page: up to 100 top-level messages up to the fork point and up to 100 of
+        // their replies, newest first.
+        let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
+        let top = fetch_messages(&mut tx.tx, format!("SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
+        let mut replies = Vec::new();
+        if !top.is_empty() {
+            let mut b = binds.clone();
+            b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
+            let sql = format!(
+                "SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IN ({}) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
+                placeholders(7, top.len()),
+                plan::PAGE_REPLIES
+            );
+            replies = fetch_messages(&mut tx.tx, sql, &b).await?;
+        }
+        let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
+        let mut page: Vec<Message> = top.into_iter().chain(replies).collect();
+        page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+        let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+        let mut map = Map::new();
+        let (_, failure) = copy_messages(&mut tx, &fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
+        sqlx::query("UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2")
+            .bind(serde_json::to_string(&map)?)
+            .bind(fork_cid.clone())
+            .execute(&mut *tx.tx)
+            .await?;
+
+        // channel.created and notification.added_to_channel, once.
+        let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("just created");
+        let mut ev = event_for("channel.created", &channel, creator.clone());
+        ev.channel = Some(channel.clone());
+        tx.event(ev, Audience { watchers_of: Some(fork_cid.clone()), users: Vec::new(), webhooks: true }).await?;
+        let member_rows = load_members(&mut tx.tx, &fork_cid, plan::MAX_MEMBERS as i64, 0).await?;
+        for m in member_rows {
+            let uid = m.user_id.clone();
+            let mut note: Event = event_for("notification.added_to_channel", &channel, creator.clone());
+            note.channel = Some(channel.clone());
+            note.member = Some(m);
+            tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false }).await?;
+        }
+        let finished = failure.is_some() || nothing_left;
+        match failure {
+            Some(f) => finish(&mut tx, &fork_cid, Some(failure_reason(&f))).await?,
+            None if nothing_left => finish(&mut tx, &fork_cid, None).await?,
+            None => {}
+        }
+        if finished {
+            // Finished synchronously: there is no background task.
+            sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1").bind(fork_cid.clone()).execute(&mut *tx.tx).await?;
+        }
+        let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("just created");
+        tx.commit(self).await?;
+        Ok(ForkOutcome { fork: channel.fork.clone().expect("fork"), channel, message_id_map: map, created: true })
+    }
+
+    /// Forks still copying, oldest first.
+    pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
+        let rows: Vec<AnyRow> = sqlx::query("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?;
+        rows.iter().map(|r| rows::get_str(r, "cid")).collect()
+    }
+
+    /// Copies the next page of a backfilling fork, in one transaction with its cursor.
+    pub async fn backfill_step(&self, fork_cid: &str, page_size: i64) -> Result<BackfillStep> {
+        let mut tx = self.begin().await?;
+        if self.backend() == Backend::Postgres {
+            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+        }
+        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok(BackfillStep::Gone) };
+        if f.summary.status != ForkStatus::Backfilling {
+            return Ok(BackfillStep::Done);
+        }
+        let Some(source) = load_channel(&mut tx.tx, &f.summary.source_channel_cid).await? else {
+            // A hard-deleted source ends the backfill with what was copied.
+            finish(&mut tx, fork_cid, None).await?;
+            tx.commit(self).await?;
+            return Ok(BackfillStep::Done);
+        };
+        let point = (f.point_created_at, f.summary.source_message_id.as_str());
+        let mut boundary = f.boundary.clone();
+        if !f.planned {
+            // The cap: the fork holds the newest MAX_COPIED eligible messages.
+            let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+            let sql = format!("SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}", plan::MAX_COPIED - 1);
+            let row: Option<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_optional(&mut *tx.tx).await?;
+            boundary = row.map(|r| Ok::<_, crate::StoreError>((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?))).transpose()?;
+            let truncated = match &boundary {
+                Some(b) => {
+                    let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
+                    let mut bb = binds.clone();
+                    bb.push(Bind::I(b.0));
+                    bb.push(Bind::S(b.1.clone()));
+                    bind_all(sqlx::query(AssertSqlSafe(sql)), &bb).fetch_optional(&mut *tx.tx).await?.is_some()
+                }
+                None => false,
+            };
+            let binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
+            let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}"))), &binds).fetch_one(&mut *tx.tx).await?;
+            let total = rows::get_i64(&row, "n")?;
+            sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
+                .bind(true)
+                .bind(boundary.as_ref().map(|b| b.0))
+                .bind(boundary.as_ref().map(|b| b.1.clone()))
+                .bind(truncated)
+                .bind(total)
+                .bind(time::now())
+                .bind(fork_cid.to_string())
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
+        let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
+        binds.push(Bind::I(cursor.0));
+        binds.push(Bind::S(cursor.1.clone()));
+        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
+        let page = fetch_messages(&mut tx.tx, sql, &binds).await?;
+        let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+        let mut map = Map::new();
+        let (_, failure) = copy_messages(&mut tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
+        if let Some(last) = page.last() {
+            sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $3 AND source_message_id IS NOT NULL), updated_at = $4 WHERE cid = $3")
+                .bind(last.created_at)
+                .bind(last.id.clone())
+                .bind(fork_cid.to_string())
+                .bind(time::now())
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        let step = match failure {
+            Some(f) => {
+                finish(&mut tx, fork_cid, Some(failure_reason(&f))).await?;
+                BackfillStep::Done
+            }
+            None if (page.len() as i64) < page_size.max(1) => {
+                finish(&mut tx, fork_cid, None).await?;
+                BackfillStep::Done
+            }
+            None => BackfillStep::More,
+        };
+        tx.commit(self).await?;
+        Ok(step)
+    }
+
+    /// Source id → copy id for the copies `fork_cid` holds, of the given source ids.
+    pub async fn fork_message_ids(&self, fork_cid: &str, source_ids: &[String]) -> Result<Map<String, Value>> {
+        let mut out = Map::new();
+        for chunk in source_ids.chunks(500) {
+            let sql = format!("SELECT id, source_message_id FROM message WHERE cid = $1 AND source_message_id IN ({})", placeholders(2, chunk.len()));
+            let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
+            for id in chunk {
+                q = q.bind(id.clone());
+            }
+            for row in q.fetch_all(self.pool()).await? {
+                out.insert(rows::get_str(&row, "source_message_id")?, Value::String(rows::get_str(&row, "id")?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forks of a channel, newest first.
+    pub async fn list_forks(&self, source_cid: &str, limit: i64, offset: i64) -> Result<Vec<ForkSummary>> {
+        let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.source_cid = $1 ORDER BY f.created_at DESC, f.cid DESC LIMIT $2 OFFSET $3")))
+            .bind(source_cid.to_string())
+            .bind(limit)
+            .bind(offset)
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(rows::fork).collect()
+    }
+
+    /// The task behind a fork's backfill, in Stream's task shape.
+    pub async fn task(&self, task_id: &str) -> Result<Option<Task>> {
+        let row: Option<AnyRow> = sqlx::query("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
+        let Some(row) = row else { return Ok(None) };
+        let cid = rows::get_str(&row, "cid")?;
+        let mut conn = self.pool().acquire().await?;
+        let Some(f) = load_fork_row(&mut conn, &cid).await? else { return Ok(None) };
+        let s = f.summary;
+        let status = match s.status {
+            ForkStatus::Backfilling if !f.planned => "pending",
+            ForkStatus::Backfilling => "running",
+            ForkStatus::Completed => "completed",
+            ForkStatus::Failed => "failed",
+        };
+        let error = s.failed_reason.as_ref().map(|r| json!({"type": r, "description": format!("the fork failed for good: {r}"), "stacktrace": "", "version": ""}));
+        Ok(Some(Task {
+            id: task_id.to_string(),
+            status: status.to_string(),
+            result: json!({
+                "fork_channel_cid": s.channel_cid,
+                "source_channel_cid": s.source_channel_cid,
+                "source_message_id": s.source_message_id,
+                "fork_status": s.status.as_str(),
+                "copied_message_count": s.copied_message_count,
+                "total_message_count": s.total_message_count,
+                "truncated": s.truncated,
+            }),
+            error,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+        }))
+    }
+}

@@ -1,0 +1,759 @@
+//! Messages, replies, reactions, truncation and rewind, with the visibility rules every read
+//! applies.
+
+use crate::channels::{event_for, load_channel, to_watchers_and_hooks};
+use crate::rows::{self, placeholders, MESSAGE_COLS};
+use crate::users::load_users;
+use crate::{domain, not_found, Result, Store, Tx};
+use offshoot_core::model::{Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
+use offshoot_core::{ids, time, Error, ErrorKind};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, AssertSqlSafe};
+use std::collections::{HashMap, HashSet};
+
+/// Message pagination as Stream's `messages` / replies parameters give it.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    pub limit: i64,
+    pub dir: PageDir,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum PageDir {
+    #[default]
+    Latest,
+    Before { id: String, inclusive: bool },
+    After { id: String, inclusive: bool },
+    Around { id: String },
+}
+
+/// A bind value of a dynamically built statement.
+#[derive(Debug, Clone)]
+pub(crate) enum Bind {
+    S(String),
+    I(i64),
+}
+
+pub(crate) fn bind_all<'q>(mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>, binds: &[Bind]) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    for b in binds {
+        q = match b {
+            Bind::S(s) => q.bind(s.clone()),
+            Bind::I(i) => q.bind(*i),
+        };
+    }
+    q
+}
+
+fn like_escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+}
+
+/// The SQL condition (on alias `m`) for messages `viewer` may see in a channel truncated at
+/// `truncated_at`: not rewound, not truncated, shadowed only for their author, restricted
+/// visibility only for the listed users and the author. Server-side sees all but hidden ones.
+pub(crate) fn visible_to(viewer: &Viewer, truncated_at: Option<i64>, binds: &mut Vec<Bind>) -> String {
+    binds.push(Bind::I(truncated_at.unwrap_or(i64::MIN)));
+    let mut sql = format!("m.hidden_at IS NULL AND m.created_at > ${}", binds.len());
+    if let Some(uid) = viewer.user_id() {
+        binds.push(Bind::S(uid.to_string()));
+        let u = binds.len();
+        binds.push(Bind::S(format!("%\"{}\"%", like_escape(uid))));
+        let p = binds.len();
+        sql.push_str(&format!(
+            " AND (m.shadowed = FALSE OR m.user_id = ${u}) AND (m.restricted_visibility = '[]' OR m.user_id = ${u} OR m.restricted_visibility LIKE ${p} ESCAPE '\\')"
+        ));
+    }
+    sql
+}
+
+/// Whether one loaded message is visible to `viewer` (the same rule as [`visible_to`]).
+pub fn is_visible(m: &Message, hidden: bool, truncated_at: Option<i64>, viewer: &Viewer) -> bool {
+    if hidden || truncated_at.is_some_and(|t| m.created_at <= t) {
+        return false;
+    }
+    match viewer.user_id() {
+        None => true,
+        Some(uid) => {
+            (!m.shadowed || m.user_id == uid)
+                && (m.restricted_visibility.is_empty() || m.user_id == uid || m.restricted_visibility.iter().any(|r| r == uid))
+        }
+    }
+}
+
+impl Store {
+    /// Messages of a channel's main list (top-level and replies shown in the channel),
+    /// oldest first.
+    pub async fn channel_messages(&self, ch: &Channel, viewer: &Viewer, page: &Page) -> Result<Vec<Message>> {
+        let mut conn = self.pool().acquire().await?;
+        let mut binds = vec![Bind::S(ch.cid.clone())];
+        let vis = visible_to(viewer, ch.truncated_at, &mut binds);
+        let base = format!("m.cid = $1 AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}");
+        let mut msgs = paginate(&mut conn, &base, binds, page, "m.cid = $1").await?;
+        hydrate_messages(&mut conn, &mut msgs, viewer, ch.truncated_at).await?;
+        Ok(msgs)
+    }
+
+    /// Replies of a thread, oldest first.
+    pub async fn replies(&self, parent: &Message, truncated_at: Option<i64>, viewer: &Viewer, page: &Page) -> Result<Vec<Message>> {
+        let mut conn = self.pool().acquire().await?;
+        let mut binds = vec![Bind::S(parent.id.clone())];
+        let vis = visible_to(viewer, truncated_at, &mut binds);
+        let base = format!("m.parent_id = $1 AND {vis}");
+        let mut msgs = paginate(&mut conn, &base, binds, page, "m.parent_id = $1").await?;
+        hydrate_messages(&mut conn, &mut msgs, viewer, truncated_at).await?;
+        Ok(msgs)
+    }
+
+    /// Pinned messages of a channel visible to `viewer`, newest pin first.
+    pub async fn pinned_messages(&self, ch: &Channel, viewer: &Viewer, limit: i64) -> Result<Vec<Message>> {
+        let mut conn = self.pool().acquire().await?;
+        let mut binds = vec![Bind::S(ch.cid.clone())];
+        let vis = visible_to(viewer, ch.truncated_at, &mut binds);
+        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = $1 AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} ORDER BY m.pinned_at DESC LIMIT {limit}");
+        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
+        let mut msgs = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+        hydrate_messages(&mut conn, &mut msgs, viewer, ch.truncated_at).await?;
+        Ok(msgs)
+    }
+
+    /// A message as stored, with `hidden` telling whether a rewind hid it. Not filtered by
+    /// viewer: callers apply [`is_visible`].
+    pub async fn get_message(&self, id: &str, viewer: &Viewer) -> Result<Option<(Message, bool)>> {
+        let mut conn = self.pool().acquire().await?;
+        let Some((mut m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
+        let truncated_at = load_channel(&mut conn, &m.cid).await?.and_then(|c| c.truncated_at);
+        hydrate_messages(&mut conn, std::slice::from_mut(&mut m), viewer, truncated_at).await?;
+        Ok(Some((m, hidden)))
+    }
+
+    /// Sends a message. Checks, in the transaction: the id is free (and not reserved by a fork
+    /// still copying), the parent is a top-level message of the channel, the quote exists.
+    pub async fn send_message(&self, cid: &str, new: &NewMessage, author: &User) -> Result<Message> {
+        let mut tx = self.begin().await?;
+        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        if ch.deleted_at.is_some() {
+            return not_found(format!("channel {cid:?} was deleted"));
+        }
+        let author = ensure_user(&mut tx, author).await?;
+        let m = insert_new_message(&mut tx, &ch, new, &author).await?;
+        let mut ev = event_for("message.new", &ch, Some(author.clone()));
+        ev.message = Some(m.clone());
+        tx.event(ev, to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        let mut conn = self.pool().acquire().await?;
+        let mut out = vec![m];
+        hydrate_messages(&mut conn, &mut out, &Viewer::Server, ch.truncated_at).await?;
+        Ok(out.pop().expect("one"))
+    }
+
+    /// Applies `change` to a stored message and announces `message.updated`.
+    pub async fn update_message<F>(&self, id: &str, actor: &User, change: F) -> Result<Message>
+    where
+        F: FnOnce(&mut Message) -> offshoot_core::error::Result<()> + Send,
+    {
+        let mut tx = self.begin().await?;
+        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else { return not_found(format!("message with id {id:?} does not exist")) };
+        if hidden {
+            return not_found(format!("message with id {id:?} does not exist"));
+        }
+        let before_text = m.text.clone();
+        change(&mut m)?;
+        let now = time::now();
+        m.updated_at = now;
+        if m.text != before_text {
+            m.message_text_updated_at = Some(now);
+        }
+        sqlx::query("UPDATE message SET text = $1, html = $2, mml = $3, attachments = $4, mentioned_users = $5, silent = $6, i18n = $7, custom = $8, pinned = $9, pinned_at = $10, pinned_by_id = $11, pin_expires = $12, updated_at = $13, message_text_updated_at = $14, restricted_visibility = $15, show_in_channel = $16, command = $17 WHERE id = $18")
+            .bind(m.text.clone())
+            .bind(m.html.clone())
+            .bind(m.mml.clone())
+            .bind(serde_json::to_string(&m.attachments)?)
+            .bind(serde_json::to_string(&m.mentioned_users)?)
+            .bind(m.silent)
+            .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
+            .bind(serde_json::to_string(&m.custom)?)
+            .bind(m.pinned)
+            .bind(m.pinned_at)
+            .bind(m.pinned_by_id.clone())
+            .bind(m.pin_expires)
+            .bind(m.updated_at)
+            .bind(m.message_text_updated_at)
+            .bind(serde_json::to_string(&m.restricted_visibility)?)
+            .bind(m.show_in_channel)
+            .bind(m.command.clone())
+            .bind(m.id.clone())
+            .execute(&mut *tx.tx)
+            .await?;
+        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
+        let mut out = vec![m];
+        hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, ch.truncated_at).await?;
+        let m = out.pop().expect("one");
+        let mut ev = event_for("message.updated", &ch, Some(actor.clone()));
+        ev.message = Some(m.clone());
+        tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
+        tx.commit(self).await?;
+        Ok(m)
+    }
+
+    /// Soft delete marks the message `deleted`; hard delete removes it and its reactions.
+    pub async fn delete_message(&self, id: &str, hard: bool, actor: Option<&User>) -> Result<Message> {
+        let mut tx = self.begin().await?;
+        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else { return not_found(format!("message with id {id:?} does not exist")) };
+        if hidden {
+            return not_found(format!("message with id {id:?} does not exist"));
+        }
+        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
+        let now = time::now();
+        let was_deleted = m.deleted_at.is_some();
+        if hard {
+            sqlx::query("DELETE FROM reaction WHERE message_id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM message WHERE id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
+            if let Some(p) = &m.parent_id {
+                sqlx::query("UPDATE message SET reply_count = reply_count - 1 WHERE id = $1 AND reply_count > 0").bind(p.clone()).execute(&mut *tx.tx).await?;
+            }
+        } else if !was_deleted {
+            sqlx::query("UPDATE message SET deleted_at = $1, updated_at = $1, type = 'deleted' WHERE id = $2").bind(now).bind(id.to_string()).execute(&mut *tx.tx).await?;
+            if let Some(p) = &m.parent_id {
+                sqlx::query("UPDATE message SET deleted_reply_count = deleted_reply_count + 1 WHERE id = $1").bind(p.clone()).execute(&mut *tx.tx).await?;
+            }
+        }
+        if !was_deleted || hard {
+            m.deleted_at = Some(m.deleted_at.unwrap_or(now));
+            m.kind = "deleted".into();
+            m.updated_at = now;
+            let mut out = vec![m];
+            hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
+            m = out.pop().expect("one");
+            let mut ev = event_for("message.deleted", &ch, actor.cloned().or_else(|| m.user.clone()));
+            ev.message = Some(m.clone());
+            ev.hard_delete = Some(hard);
+            tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
+        }
+        tx.commit(self).await?;
+        Ok(m)
+    }
+
+    pub async fn add_reaction(&self, message_id: &str, reaction: &Reaction, enforce_unique: bool, user: &User) -> Result<(Message, Reaction)> {
+        let mut tx = self.begin().await?;
+        let Some((_, hidden)) = load_message(&mut tx.tx, message_id).await? else { return not_found(format!("message with id {message_id:?} does not exist")) };
+        if hidden {
+            return not_found(format!("message with id {message_id:?} does not exist"));
+        }
+        let user = ensure_user(&mut tx, user).await?;
+        if enforce_unique {
+            sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2").bind(message_id.to_string()).bind(user.id.clone()).execute(&mut *tx.tx).await?;
+        }
+        let now = time::now();
+        sqlx::query("INSERT INTO reaction (message_id, user_id, type, score, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (message_id, user_id, type) DO UPDATE SET score = $4, custom = $5, updated_at = $6")
+            .bind(message_id.to_string())
+            .bind(user.id.clone())
+            .bind(reaction.kind.clone())
+            .bind(reaction.score)
+            .bind(serde_json::to_string(&reaction.custom)?)
+            .bind(now)
+            .execute(&mut *tx.tx)
+            .await?;
+        let (m, r) = self.reaction_event(&mut tx, message_id, &user, &reaction.kind, "reaction.new").await?;
+        tx.commit(self).await?;
+        Ok((m, r))
+    }
+
+    pub async fn remove_reaction(&self, message_id: &str, kind: &str, user: &User) -> Result<(Message, Reaction)> {
+        let mut tx = self.begin().await?;
+        let (m, r) = self.reaction_event(&mut tx, message_id, user, kind, "reaction.deleted").await?;
+        let res = sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
+            .bind(message_id.to_string())
+            .bind(user.id.clone())
+            .bind(kind.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+        if res.rows_affected() == 0 {
+            return not_found(format!("reaction {kind:?} of user {:?} on message {message_id:?} does not exist", user.id));
+        }
+        tx.commit(self).await?;
+        let (m2, _) = self.get_message(&m.id, &Viewer::Server).await?.unwrap_or((m, false));
+        Ok((m2, r))
+    }
+
+    async fn reaction_event(&self, tx: &mut Tx, message_id: &str, user: &User, kind: &str, event: &str) -> Result<(Message, Reaction)> {
+        let Some((mut m, _)) = load_message(&mut tx.tx, message_id).await? else { return not_found(format!("message with id {message_id:?} does not exist")) };
+        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
+        let mut out = vec![m];
+        hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
+        m = out.pop().expect("one");
+        let now = time::now();
+        let row: Option<AnyRow> = sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
+            .bind(message_id.to_string())
+            .bind(user.id.clone())
+            .bind(kind.to_string())
+            .fetch_optional(&mut *tx.tx)
+            .await?;
+        let mut r = match row {
+            Some(row) => rows::reaction(&row)?,
+            None => Reaction { message_id: message_id.into(), user_id: user.id.clone(), kind: kind.into(), score: 1, created_at: now, updated_at: now, ..Default::default() },
+        };
+        r.user = Some(user.clone());
+        let mut ev = event_for(event, &ch, Some(user.clone()));
+        ev.message = Some(m.clone());
+        ev.reaction = Some(r.clone());
+        tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
+        Ok((m, r))
+    }
+
+    /// Truncates a channel: hides (or, with `hard`, deletes) every message created up to
+    /// `truncated_at` (default now), then adds the optional system message.
+    pub async fn truncate_channel(&self, cid: &str, truncated_at: Option<i64>, hard: bool, actor: Option<&User>, message: Option<&NewMessage>) -> Result<(Channel, Option<Message>)> {
+        let mut tx = self.begin().await?;
+        if load_channel(&mut tx.tx, cid).await?.is_none() {
+            return not_found(format!("channel {cid:?} does not exist"));
+        }
+        let now = time::now();
+        let at = truncated_at.unwrap_or(now).min(now);
+        if hard {
+            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)").bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM message WHERE cid = $1 AND created_at <= $2").bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
+        }
+        sqlx::query("UPDATE channel SET truncated_at = $1, truncated_by_id = $2, updated_at = $3 WHERE cid = $4")
+            .bind(at)
+            .bind(actor.map(|u| u.id.clone()))
+            .bind(now)
+            .bind(cid.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        let mut sys = None;
+        if let Some(new) = message {
+            let mut new = new.clone();
+            new.kind = "system".into();
+            new.created_at = Some(now.max(at) + 1_000);
+            let author = match actor {
+                Some(a) => ensure_user(&mut tx, a).await?,
+                None => ensure_user(&mut tx, &User::placeholder(&new.user_id, "user")).await?,
+            };
+            sys = Some(insert_new_message(&mut tx, &ch, &new, &author).await?);
+        }
+        let mut ev = event_for("channel.truncated", &ch, actor.cloned());
+        ev.channel = Some(ch.clone());
+        ev.message = sys.clone();
+        tx.event(ev, to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        Ok((ch, sys))
+    }
+
+    /// Rewind: hides every message created after `message_id` (and it too when `inclusive`),
+    /// top-level and replies, from every read.
+    pub async fn rewind_channel(&self, cid: &str, message_id: &str, expected_last: &str, inclusive: bool, actor: Option<&User>) -> Result<Channel> {
+        let mut tx = self.begin().await?;
+        lock_channel(&mut tx, cid).await?;
+        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        if ch.deleted_at.is_some() {
+            return not_found(format!("channel {cid:?} was deleted"));
+        }
+        if let Some(f) = &ch.fork {
+            if f.status == ForkStatus::Backfilling {
+                return domain(Error::new(ErrorKind::ForkInProgress, format!("channel {cid:?} is a fork whose history is still being copied; rewind it once channel.forked arrives")).reason("fork_in_progress"));
+            }
+        }
+        let point = match load_message(&mut tx.tx, message_id).await? {
+            Some((m, false)) if m.cid == cid && m.parent_id.is_none() && m.deleted_at.is_none() && !m.shadowed && ch.truncated_at.is_none_or(|t| m.created_at > t) => m,
+            _ => return domain(Error::input(format!("message_id {message_id:?} is not a visible top-level message of channel {cid:?}"))),
+        };
+        let newest = newest_visible_top_level(&mut tx.tx, &ch).await?;
+        if newest.as_deref() != Some(expected_last) {
+            return domain(
+                Error::new(ErrorKind::RewindConflict, format!("expected_last_message_id {expected_last:?} is not the newest visible message of the channel (it is {:?})", newest.unwrap_or_default()))
+                    .reason("rewind_conflict"),
+            );
+        }
+        let now = time::now();
+        let op = if inclusive { ">=" } else { ">" };
+        sqlx::query(AssertSqlSafe(format!("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND (created_at, id) {op} ($3, $4)")))
+            .bind(now)
+            .bind(cid.to_string())
+            .bind(point.created_at)
+            .bind(point.id.clone())
+            .execute(&mut *tx.tx)
+            .await?;
+        // Replies created after the rewind point, and replies of hidden parents.
+        sqlx::query(AssertSqlSafe(format!("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND parent_id IN (SELECT id FROM message WHERE cid = $2 AND hidden_at = $1)")))
+            .bind(now)
+            .bind(cid.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+        sqlx::query("UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id AND r.hidden_at IS NULL) WHERE cid = $1 AND reply_count > 0")
+            .bind(cid.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+        sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        let mut ev = event_for("channel.rewound", &ch, actor.cloned());
+        ev.channel = Some(ch.clone());
+        ev.extra.insert("message_id".into(), message_id.into());
+        ev.extra.insert("inclusive".into(), inclusive.into());
+        tx.event(ev, to_watchers_and_hooks(cid)).await?;
+        tx.commit(self).await?;
+        Ok(ch)
+    }
+
+    /// Threads (parents with replies) in channels `user` is a member of, or in `cids`.
+    pub async fn query_threads(&self, viewer: &Viewer, cids: Option<&[String]>, limit: i64, reply_limit: i64) -> Result<Vec<(Message, Vec<Message>, Channel)>> {
+        let mut conn = self.pool().acquire().await?;
+        let mut binds: Vec<Bind> = Vec::new();
+        let mut sql = format!("SELECT {MESSAGE_COLS} FROM message m JOIN channel c ON c.cid = m.cid WHERE m.parent_id IS NULL AND m.reply_count > 0 AND m.hidden_at IS NULL AND c.deleted_at IS NULL AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at)");
+        if let Some(cids) = cids {
+            if cids.is_empty() {
+                return Ok(Vec::new());
+            }
+            sql.push_str(&format!(" AND m.cid IN ({})", placeholders(binds.len() + 1, cids.len())));
+            binds.extend(cids.iter().map(|c| Bind::S(c.clone())));
+        }
+        if let Some(uid) = viewer.user_id() {
+            if !viewer.is_admin() {
+                binds.push(Bind::S(uid.to_string()));
+                sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mm WHERE mm.cid = m.cid AND mm.user_id = ${})", binds.len()));
+            }
+        }
+        sql.push_str(&format!(" ORDER BY m.created_at DESC, m.id DESC LIMIT {}", limit.clamp(1, 100)));
+        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
+        let parents = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+        let mut out = Vec::new();
+        for mut p in parents {
+            let Some(ch) = load_channel(&mut conn, &p.cid).await? else { continue };
+            if !is_visible(&p, false, ch.truncated_at, viewer) {
+                continue;
+            }
+            hydrate_messages(&mut conn, std::slice::from_mut(&mut p), viewer, ch.truncated_at).await?;
+            let mut binds = vec![Bind::S(p.id.clone())];
+            let vis = visible_to(viewer, ch.truncated_at, &mut binds);
+            let mut replies = paginate(&mut conn, &format!("m.parent_id = $1 AND {vis}"), binds, &Page { limit: reply_limit.clamp(0, 100), dir: PageDir::Latest }, "m.parent_id = $1").await?;
+            hydrate_messages(&mut conn, &mut replies, viewer, ch.truncated_at).await?;
+            out.push((p, replies, ch));
+        }
+        Ok(out)
+    }
+}
+
+/// On PostgreSQL, locks the channel row for the rest of the transaction (SQLite transactions
+/// are already serialised).
+pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
+    if tx.backend == crate::Backend::Postgres {
+        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE").bind(cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Channel) -> Result<Option<String>> {
+    let row: Option<AnyRow> = sqlx::query("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
+        .bind(ch.cid.clone())
+        .bind(ch.truncated_at.unwrap_or(i64::MIN))
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|r| rows::get_str(&r, "id")).transpose()
+}
+
+/// Creates the user on first sight (server-side calls may name users they never upserted).
+pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
+    if let Some(u) = load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id) {
+        return Ok(u);
+    }
+    let now = time::now();
+    let role = if user.role.is_empty() { "user".to_string() } else { user.role.clone() };
+    sqlx::query("INSERT INTO app_user (id, role, created_at, updated_at) VALUES ($1, $2, $3, $3) ON CONFLICT (id) DO NOTHING")
+        .bind(user.id.clone())
+        .bind(role)
+        .bind(now)
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id).expect("just inserted"))
+}
+
+async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User) -> Result<Message> {
+    let id = if new.id.is_empty() { ids::new_id() } else { new.id.clone() };
+    if let Some(f) = &ch.fork {
+        if f.status == ForkStatus::Backfilling && ids::is_v5_uuid(&id) {
+            return domain(
+                Error::input(format!("message id {id:?} is a version 5 UUID, the form of the copy ids of fork {:?} which is still copying; use another id form or send it after channel.forked", ch.cid))
+                    .reason("fork_message_id_reserved"),
+            );
+        }
+    }
+    if load_message(&mut tx.tx, &id).await?.is_some() {
+        return domain(Error::input(format!("a message with id {id:?} already exists")));
+    }
+    let mut kind = new.kind.clone();
+    if let Some(pid) = &new.parent_id {
+        match load_message(&mut tx.tx, pid).await? {
+            Some((p, false)) if p.cid == ch.cid => {
+                if p.parent_id.is_some() {
+                    return domain(Error::new(ErrorKind::MultipleNesting, format!("message {pid:?} is a reply; replies to replies are not allowed")));
+                }
+            }
+            _ => return domain(Error::input(format!("parent message {pid:?} does not exist in channel {:?}", ch.cid))),
+        }
+        if kind == "regular" {
+            kind = "reply".into();
+        }
+    }
+    if let Some(qid) = &new.quoted_message_id {
+        match load_message(&mut tx.tx, qid).await? {
+            Some((q, false)) if q.cid == ch.cid => {}
+            _ => return domain(Error::input(format!("quoted message {qid:?} does not exist in channel {:?}", ch.cid))),
+        }
+    }
+    let now = time::now();
+    let created_at = new.created_at.unwrap_or(now);
+    let m = Message {
+        id,
+        cid: ch.cid.clone(),
+        user_id: author.id.clone(),
+        user: Some(author.clone()),
+        kind,
+        text: new.text.clone(),
+        html: new.html.clone(),
+        mml: new.mml.clone(),
+        command: new.command.clone(),
+        parent_id: new.parent_id.clone(),
+        show_in_channel: new.show_in_channel,
+        quoted_message_id: new.quoted_message_id.clone(),
+        attachments: new.attachments.clone(),
+        mentioned_users: new.mentioned_users.clone(),
+        restricted_visibility: new.restricted_visibility.clone(),
+        silent: new.silent,
+        i18n: new.i18n.clone(),
+        custom: new.custom.clone(),
+        shadowed: author.shadow_banned,
+        pinned: new.pinned,
+        pinned_at: new.pinned.then_some(now),
+        pinned_by_id: new.pinned.then(|| author.id.clone()),
+        pin_expires: new.pin_expires,
+        created_at,
+        updated_at: created_at.max(now),
+        ..Default::default()
+    };
+    insert_message_row(tx, &m).await?;
+    if let Some(pid) = &m.parent_id {
+        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1").bind(pid.clone()).execute(&mut *tx.tx).await?;
+    }
+    sqlx::query("UPDATE channel SET last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $1 THEN $1 ELSE last_message_at END, message_count = message_count + 1, updated_at = $2 WHERE cid = $3")
+        .bind(m.created_at)
+        .bind(now)
+        .bind(ch.cid.clone())
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(m)
+}
+
+pub(crate) async fn insert_message_row(tx: &mut Tx, m: &Message) -> Result<()> {
+    sqlx::query("INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, pinned_at, pinned_by_id, pin_expires, reply_count, deleted_reply_count, created_at, updated_at, deleted_at, message_text_updated_at, source_cid, source_message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)")
+        .bind(m.id.clone())
+        .bind(m.cid.clone())
+        .bind(m.user_id.clone())
+        .bind(m.kind.clone())
+        .bind(m.text.clone())
+        .bind(m.html.clone())
+        .bind(m.mml.clone())
+        .bind(m.command.clone())
+        .bind(m.parent_id.clone())
+        .bind(m.show_in_channel)
+        .bind(m.quoted_message_id.clone())
+        .bind(serde_json::to_string(&m.attachments)?)
+        .bind(serde_json::to_string(&m.mentioned_users)?)
+        .bind(serde_json::to_string(&m.restricted_visibility)?)
+        .bind(m.silent)
+        .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
+        .bind(serde_json::to_string(&m.custom)?)
+        .bind(m.shadowed)
+        .bind(m.pinned)
+        .bind(m.pinned_at)
+        .bind(m.pinned_by_id.clone())
+        .bind(m.pin_expires)
+        .bind(m.reply_count)
+        .bind(m.deleted_reply_count)
+        .bind(m.created_at)
+        .bind(m.updated_at)
+        .bind(m.deleted_at)
+        .bind(m.message_text_updated_at)
+        .bind(m.source_cid.clone())
+        .bind(m.source_message_id.clone())
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+/// A stored message and whether a rewind hid it.
+pub(crate) async fn load_message(conn: &mut AnyConnection, id: &str) -> Result<Option<(Message, bool)>> {
+    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id = $1")))
+        .bind(id.to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(|r| Ok((rows::message(&r)?, rows::get_opt_i64(&r, "hidden_at")?.is_some()))).transpose()
+}
+
+async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, page: &Page, scope: &str) -> Result<Vec<Message>> {
+    let limit = page.limit.clamp(0, 300);
+    // The reference message must be in the same scope (channel or thread); `scope` only
+    // references $1.
+    let anchor = match &page.dir {
+        PageDir::Latest => None,
+        PageDir::Before { id, .. } | PageDir::After { id, .. } | PageDir::Around { id } => {
+            let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
+                .bind(binds[0].clone_str())
+                .bind(id.clone())
+                .fetch_optional(&mut *conn)
+                .await?;
+            match row {
+                Some(r) => Some((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?)),
+                None => return Ok(Vec::new()),
+            }
+        }
+    };
+    match (&page.dir, anchor) {
+        (PageDir::Latest, _) | (_, None) => run_page(conn, base, String::new(), true, limit, binds).await,
+        (PageDir::Before { inclusive, .. }, Some((ts, id))) => {
+            binds.push(Bind::I(ts));
+            binds.push(Bind::S(id));
+            let op = if *inclusive { "<=" } else { "<" };
+            let cond = format!(" AND (m.created_at, m.id) {op} (${}, ${})", binds.len() - 1, binds.len());
+            run_page(conn, base, cond, true, limit, binds).await
+        }
+        (PageDir::After { inclusive, .. }, Some((ts, id))) => {
+            binds.push(Bind::I(ts));
+            binds.push(Bind::S(id));
+            let op = if *inclusive { ">=" } else { ">" };
+            let cond = format!(" AND (m.created_at, m.id) {op} (${}, ${})", binds.len() - 1, binds.len());
+            run_page(conn, base, cond, false, limit, binds).await
+        }
+        (PageDir::Around { .. }, Some((ts, id))) => {
+            let mut b = binds.clone();
+            b.push(Bind::I(ts));
+            b.push(Bind::S(id.clone()));
+            let cond = format!(" AND (m.created_at, m.id) <= (${}, ${})", b.len() - 1, b.len());
+            let before_n = (limit + 1) / 2;
+            let mut before = run_page(conn, base, cond, true, before_n, b).await?;
+            binds.push(Bind::I(ts));
+            binds.push(Bind::S(id));
+            let cond = format!(" AND (m.created_at, m.id) > (${}, ${})", binds.len() - 1, binds.len());
+            let after = run_page(conn, base, cond, false, limit - before.len() as i64, binds).await?;
+            before.extend(after);
+            Ok(before)
+        }
+    }
+}
+
+async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
+    let sql = format!(
+        "SELECT {MESSAGE_COLS} FROM message m WHERE {base}{cond} ORDER BY m.created_at {d}, m.id {d} LIMIT {lim}",
+        d = if desc { "DESC" } else { "ASC" }
+    );
+    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
+    let mut msgs = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+    if desc {
+        msgs.reverse();
+    }
+    Ok(msgs)
+}
+
+impl Bind {
+    fn clone_str(&self) -> String {
+        match self {
+            Bind::S(s) => s.clone(),
+            Bind::I(i) => i.to_string(),
+        }
+    }
+}
+
+/// Fills users, reactions, thread participants and quoted messages of a page.
+pub(crate) async fn hydrate_messages(conn: &mut AnyConnection, msgs: &mut [Message], viewer: &Viewer, truncated_at: Option<i64>) -> Result<()> {
+    if msgs.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
+    // Quoted messages (one level), hidden when not visible or deleted.
+    let quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
+    let mut quoted: HashMap<String, Message> = HashMap::new();
+    for qid in quoted_ids {
+        if let Some((q, hidden)) = load_message(conn, &qid).await? {
+            if q.deleted_at.is_none() && is_visible(&q, hidden, truncated_at, viewer) {
+                quoted.insert(qid, q);
+            }
+        }
+    }
+    // Reactions.
+    let mut reactions: HashMap<String, Vec<Reaction>> = HashMap::new();
+    for chunk in ids.chunks(300) {
+        let sql = format!("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id IN ({}) ORDER BY created_at DESC", placeholders(1, chunk.len()));
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        for row in q.fetch_all(&mut *conn).await? {
+            let r = rows::reaction(&row)?;
+            reactions.entry(r.message_id.clone()).or_default().push(r);
+        }
+    }
+    // Thread participants.
+    let parents: Vec<String> = msgs.iter().filter(|m| m.reply_count > 0).map(|m| m.id.clone()).collect();
+    let mut participants: HashMap<String, Vec<String>> = HashMap::new();
+    for chunk in parents.chunks(300) {
+        let sql = format!("SELECT parent_id, user_id, MIN(created_at) AS first_at FROM message WHERE parent_id IN ({}) AND hidden_at IS NULL GROUP BY parent_id, user_id ORDER BY first_at", placeholders(1, chunk.len()));
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        for row in q.fetch_all(&mut *conn).await? {
+            participants.entry(rows::get_str(&row, "parent_id")?).or_default().push(rows::get_str(&row, "user_id")?);
+        }
+    }
+    let mut user_ids: HashSet<String> = HashSet::new();
+    for m in msgs.iter() {
+        user_ids.insert(m.user_id.clone());
+        user_ids.extend(m.mentioned_users.iter().cloned());
+        if let Some(p) = &m.pinned_by_id {
+            user_ids.insert(p.clone());
+        }
+    }
+    for q in quoted.values() {
+        user_ids.insert(q.user_id.clone());
+    }
+    for rs in reactions.values() {
+        user_ids.extend(rs.iter().map(|r| r.user_id.clone()));
+    }
+    for ps in participants.values() {
+        user_ids.extend(ps.iter().cloned());
+    }
+    let users = load_users(conn, &user_ids.into_iter().collect::<Vec<_>>()).await?;
+    let user_of = |id: &str| users.get(id).cloned().unwrap_or_else(|| User::placeholder(id, "user"));
+    let own = viewer.user_id().map(str::to_string);
+    for m in msgs.iter_mut() {
+        m.user = Some(user_of(&m.user_id));
+        m.mentioned_user_objects = m.mentioned_users.iter().map(|u| user_of(u)).collect();
+        if let Some(qid) = &m.quoted_message_id {
+            m.quoted_message = quoted.get(qid).cloned().map(|mut q| {
+                q.user = Some(user_of(&q.user_id));
+                Box::new(q)
+            });
+        }
+        m.reaction_counts.clear();
+        m.reaction_scores.clear();
+        m.latest_reactions.clear();
+        m.own_reactions.clear();
+        if let Some(rs) = reactions.get(&m.id) {
+            for r in rs {
+                let c = m.reaction_counts.entry(r.kind.clone()).or_insert(0.into());
+                *c = (c.as_i64().unwrap_or(0) + 1).into();
+                let s = m.reaction_scores.entry(r.kind.clone()).or_insert(0.into());
+                *s = (s.as_i64().unwrap_or(0) + r.score).into();
+                let mut r = r.clone();
+                r.user = Some(user_of(&r.user_id));
+                if own.as_deref() == Some(r.user_id.as_str()) {
+                    m.own_reactions.push(r.clone());
+                }
+                if m.latest_reactions.len() < 10 {
+                    m.latest_reactions.push(r);
+                }
+            }
+        }
+        m.thread_participants = participants.get(&m.id).map(|ps| ps.iter().map(|p| user_of(p)).collect()).unwrap_or_default();
+    }
+    Ok(())
+}
