@@ -10,6 +10,8 @@ pub mod fork;
 pub mod ids;
 pub mod model;
 pub mod perm;
+pub mod render;
+pub mod token;
 pub mod time;
 
 pub use error::{Error, ErrorKind};

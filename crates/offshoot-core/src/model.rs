@@ -342,3 +342,26 @@ pub struct Task {
     pub created_at: Ts,
     pub updated_at: Ts,
 }
+
+/// The WebSocket role's registry of watched channels, as the API needs it (a channel query
+/// with `watch: true` and a `connection_id` subscribes that connection). Implemented by
+/// `offshoot-ws`; the API holds it as a trait object so it does not depend on the ws crate.
+pub trait Watchers: Send + Sync {
+    /// Subscribes `connection_id` to `cid`. False when this process holds no such connection.
+    fn watch(&self, connection_id: &str, cid: &str) -> bool;
+    fn unwatch(&self, connection_id: &str, cid: &str);
+    fn watcher_count(&self, cid: &str) -> usize;
+}
+
+/// No WebSocket role in this process: watching is a no-op.
+pub struct NoWatchers;
+
+impl Watchers for NoWatchers {
+    fn watch(&self, _: &str, _: &str) -> bool {
+        false
+    }
+    fn unwatch(&self, _: &str, _: &str) {}
+    fn watcher_count(&self, _: &str) -> usize {
+        0
+    }
+}

@@ -28,6 +28,22 @@ impl Tx {
     }
 }
 
+/// Decodes an outbox row. A payload that no longer decodes (written by another version) becomes
+/// an event with an empty type and no audience, which every consumer passes over, instead of
+/// an error that would stop the consumer at that `seq` for ever.
+fn outbox_event(r: &AnyRow) -> Result<OutboxEvent> {
+    let seq = get_i64(r, "seq")?;
+    let event = serde_json::from_str(&get_str(r, "payload")?);
+    let audience = serde_json::from_str(&get_str(r, "audience")?);
+    match (event, audience) {
+        (Ok(event), Ok(audience)) => Ok(OutboxEvent { seq, event, audience }),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(seq, error = %e, "undecodable outbox event; consumers skip it");
+            Ok(OutboxEvent { seq, event: Event::default(), audience: Audience::default() })
+        }
+    }
+}
+
 impl Store {
     /// Events with `seq > after`, oldest first.
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<OutboxEvent>> {
@@ -36,15 +52,7 @@ impl Store {
             .bind(limit)
             .fetch_all(self.pool())
             .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(OutboxEvent {
-                    seq: get_i64(r, "seq")?,
-                    event: serde_json::from_str(&get_str(r, "payload")?)?,
-                    audience: serde_json::from_str(&get_str(r, "audience")?)?,
-                })
-            })
-            .collect()
+        rows.iter().map(outbox_event).collect()
     }
 
     /// The newest `seq` in the outbox (0 when empty).
@@ -108,16 +116,7 @@ impl Store {
         .await?;
         rows.iter()
             .map(|r| {
-                Ok((
-                    get_str(r, "id")?,
-                    OutboxEvent {
-                        seq: get_i64(r, "seq")?,
-                        event: serde_json::from_str(&get_str(r, "payload")?)?,
-                        audience: serde_json::from_str(&get_str(r, "audience")?)?,
-                    },
-                    get_str(r, "url")?,
-                    get_i64(r, "attempt")?,
-                ))
+                Ok((get_str(r, "id")?, outbox_event(r)?, get_str(r, "url")?, get_i64(r, "attempt")?))
             })
             .collect()
     }
@@ -138,6 +137,62 @@ impl Store {
                     .await?;
             }
         }
+        tx.commit(self).await
+    }
+
+    /// Like [`Store::advance_cursor`], but only if the cursor is still at `from`
+    /// (compare-and-set). False when another consumer moved it first; then nothing is queued,
+    /// so two worker processes never queue the same events twice.
+    pub async fn advance_cursor_from(&self, name: &str, from: i64, to: i64, deliveries: &[(i64, String)]) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let now = time::now();
+        let res = sqlx::query("UPDATE outbox_cursor SET seq = $1, updated_at = $2 WHERE name = $3 AND seq = $4")
+            .bind(to)
+            .bind(now)
+            .bind(name.to_string())
+            .bind(from)
+            .execute(&mut *tx.tx)
+            .await?;
+        if res.rows_affected() == 0 {
+            return Ok(false);
+        }
+        for (event_seq, url) in deliveries {
+            sqlx::query("INSERT INTO webhook_delivery (id, seq, url, attempt, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, 0, $4, $4, $4)")
+                .bind(uuid::Uuid::new_v4().to_string())
+                .bind(*event_seq)
+                .bind(url.clone())
+                .bind(now)
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        tx.commit(self).await?;
+        Ok(true)
+    }
+
+    /// Leases a due delivery until `lease_until` (Unix ns) so no other worker picks it up
+    /// while it is in flight. False when it is no longer due with `attempts` attempts (another
+    /// worker holds it, or it was finished). A worker that dies mid-attempt loses the lease
+    /// when it expires, and the attempt is made again.
+    pub async fn claim_delivery(&self, id: &str, attempts: i64, lease_until: i64) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let now = time::now();
+        let res = sqlx::query("UPDATE webhook_delivery SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND attempt = $4 AND next_attempt_at <= $2")
+            .bind(lease_until)
+            .bind(now)
+            .bind(id.to_string())
+            .bind(attempts)
+            .execute(&mut *tx.tx)
+            .await?;
+        tx.commit(self).await?;
+        Ok(res.rows_affected() == 1)
+    }
+}
+
+impl Store {
+    /// Publishes a client event (typing, AI state, custom) through the outbox.
+    pub async fn publish(&self, event: Event, audience: Audience) -> Result<()> {
+        let mut tx = self.begin().await?;
+        tx.event(event, audience).await?;
         tx.commit(self).await
     }
 }

@@ -20,7 +20,7 @@ mod users;
 
 pub use channels::{ChannelFilter, MemberInput, NewChannel};
 pub use forks::{BackfillStep, ForkRequest, ForkOutcome};
-pub use messages::{Page, PageDir};
+pub use messages::{is_visible, Page, PageDir};
 pub use users::UserInput;
 
 use offshoot_core::{Error, ErrorKind};

@@ -1,1 +1,385 @@
-//! placeholder
+//! The WebSocket role: Stream's `/connect` (legacy dialect, what JS `stream-chat` uses) and
+//! `/api/v2/connect` (v2 dialect), the registry of open connections and the channels they
+//! watch, and the fan-out of the transactional event outbox to them.
+//!
+//! The outbox is the only source of events. [`Hub::run`] follows it from its newest event at
+//! start-up, woken in-process after every commit that wrote events and polling for events
+//! written by other processes, and pushes each event to the connections its audience names.
+//! Every connection has a bounded queue: one that falls behind is closed (the client reconnects
+//! and re-queries its channels), never buffered without limit, and never slows the others.
+//!
+//! Depends on `offshoot-core` and `offshoot-store`; must not depend on `offshoot-api` or
+//! `offshoot-worker` (the API reaches the registry through core's [`Watchers`] trait).
+
+mod auth;
+mod conn;
+
+use axum::extract::ws::Utf8Bytes;
+use axum::routing::get;
+use axum::Router;
+use offshoot_core::model::{Event, OutboxEvent, Watchers};
+use offshoot_core::render::{self, Dialect};
+use offshoot_store::Store;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Events queued per connection before it counts as too slow and is closed.
+const QUEUE_CAPACITY: usize = 1024;
+/// How often the outbox is read without being woken (events written by other processes).
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// Events read from the outbox per query.
+const BATCH: i64 = 500;
+
+/// The connection registry and the outbox fan-out. One per process running the ws role.
+pub struct Hub {
+    store: Store,
+    api_key: String,
+    api_secret: String,
+    registry: RwLock<Registry>,
+    /// Cancelled when [`Hub::run`] stops: every connection then closes with "going away".
+    closing: CancellationToken,
+}
+
+#[derive(Default)]
+struct Registry {
+    conns: HashMap<String, Conn>,
+    /// cid -> ids of the connections watching it.
+    watchers: HashMap<String, HashSet<String>>,
+    /// user id -> ids of that user's connections.
+    by_user: HashMap<String, HashSet<String>>,
+}
+
+struct Conn {
+    user_id: String,
+    dialect: Dialect,
+    queue: mpsc::Sender<Utf8Bytes>,
+    watching: HashSet<String>,
+    /// Ends the connection's task (it fell behind).
+    kick: CancellationToken,
+}
+
+impl Registry {
+    fn insert(&mut self, id: String, conn: Conn) {
+        self.by_user.entry(conn.user_id.clone()).or_default().insert(id.clone());
+        self.conns.insert(id, conn);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Conn> {
+        let conn = self.conns.remove(id)?;
+        for cid in &conn.watching {
+            remove_from(&mut self.watchers, cid, id);
+        }
+        remove_from(&mut self.by_user, &conn.user_id, id);
+        Some(conn)
+    }
+
+    /// Distinct users watching `cid` on this process.
+    fn watcher_count(&self, cid: &str) -> usize {
+        let Some(ids) = self.watchers.get(cid) else { return 0 };
+        ids.iter().filter_map(|id| self.conns.get(id)).map(|c| c.user_id.as_str()).collect::<HashSet<_>>().len()
+    }
+}
+
+fn remove_from(map: &mut HashMap<String, HashSet<String>>, key: &str, id: &str) {
+    if let Some(set) = map.get_mut(key) {
+        set.remove(id);
+        if set.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+impl Hub {
+    pub fn new(store: Store, api_key: String, api_secret: String) -> Arc<Hub> {
+        Arc::new(Hub { store, api_key, api_secret, registry: RwLock::default(), closing: CancellationToken::new() })
+    }
+
+    /// `GET /connect` (legacy) and `GET /api/v2/connect` (v2).
+    pub fn router(self: Arc<Self>) -> Router {
+        Router::new().route("/connect", get(conn::connect_legacy)).route("/api/v2/connect", get(conn::connect_v2)).with_state(self)
+    }
+
+    /// Follows the outbox and fans events out until `shutdown`; then closes every connection.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let notify = self.store.event_notify();
+        let mut cursor: Option<i64> = None;
+        let mut failing = false;
+        loop {
+            // Registered before reading, so a commit during the read still wakes the next wait.
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let result = match cursor {
+                None => self.store.last_event_seq().await.map(|seq| cursor = Some(seq)),
+                Some(ref mut seq) => self.catch_up(seq).await,
+            };
+            match result {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("reading the event outbox works again");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::error!(error = %e, "reading the event outbox failed; retrying");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(POLL_INTERVAL) => {}
+            }
+        }
+        self.closing.cancel();
+        tracing::info!("websocket fan-out stopped");
+    }
+
+    /// Pushes every event after `seq` and moves `seq` past them.
+    async fn catch_up(&self, seq: &mut i64) -> Result<(), offshoot_store::StoreError> {
+        loop {
+            let batch = self.store.events_after(*seq, BATCH).await?;
+            for ev in &batch {
+                self.dispatch(ev);
+                *seq = ev.seq;
+            }
+            if (batch.len() as i64) < BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Queues one event on every connection its audience names (each at most once). Never
+    /// waits: a connection whose queue is full is closed instead.
+    fn dispatch(&self, ev: &OutboxEvent) {
+        if ev.event.kind.is_empty() {
+            return;
+        }
+        let mut dropped = Vec::new();
+        {
+            let reg = self.read();
+            let mut targets: Vec<&String> = Vec::new();
+            if let Some(ids) = ev.audience.watchers_of.as_deref().and_then(|cid| reg.watchers.get(cid)) {
+                targets.extend(ids);
+            }
+            for user in &ev.audience.users {
+                if let Some(ids) = reg.by_user.get(user) {
+                    targets.extend(ids);
+                }
+            }
+            let mut seen = HashSet::with_capacity(targets.len());
+            targets.retain(|id| seen.insert(*id));
+            let mut rendered: [Option<Utf8Bytes>; 2] = [None, None];
+            for id in targets {
+                let Some(conn) = reg.conns.get(id) else { continue };
+                if !visible_to(&ev.event, &conn.user_id) {
+                    continue;
+                }
+                let slot = match conn.dialect {
+                    Dialect::Legacy => 0,
+                    Dialect::V2 => 1,
+                };
+                let text = rendered[slot].get_or_insert_with(|| render_event(&reg, conn.dialect, &ev.event)).clone();
+                match conn.queue.try_send(text) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        tracing::warn!(connection_id = %id, user_id = %conn.user_id, "websocket client too slow; closing its connection");
+                        dropped.push(id.clone());
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => dropped.push(id.clone()),
+                }
+            }
+        }
+        for id in dropped {
+            self.disconnect(&id);
+        }
+    }
+
+    fn register(&self, id: String, conn: Conn) {
+        self.write().insert(id, conn);
+    }
+
+    /// Removes a connection and all its watches, and tells its task to end.
+    fn disconnect(&self, id: &str) {
+        if let Some(conn) = self.write().remove(id) {
+            conn.kick.cancel();
+        }
+    }
+
+    /// Number of open connections on this process.
+    pub fn connection_count(&self) -> usize {
+        self.read().conns.len()
+    }
+
+    // A panic while the lock is held cannot leave the maps half-updated in a way that matters
+    // more than losing every connection would, so a poisoned lock is used as it is.
+    fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Watchers for Hub {
+    fn watch(&self, connection_id: &str, cid: &str) -> bool {
+        let mut reg = self.write();
+        let Some(conn) = reg.conns.get_mut(connection_id) else { return false };
+        conn.watching.insert(cid.to_string());
+        reg.watchers.entry(cid.to_string()).or_default().insert(connection_id.to_string());
+        true
+    }
+
+    fn unwatch(&self, connection_id: &str, cid: &str) {
+        let mut reg = self.write();
+        if let Some(conn) = reg.conns.get_mut(connection_id) {
+            conn.watching.remove(cid);
+        }
+        remove_from(&mut reg.watchers, cid, connection_id);
+    }
+
+    fn watcher_count(&self, cid: &str) -> usize {
+        self.read().watcher_count(cid)
+    }
+}
+
+/// Whether a user may see an event. Shadowed messages are seen by their author only;
+/// a message with restricted visibility by the users it names and its author.
+fn visible_to(event: &Event, user_id: &str) -> bool {
+    let Some(m) = &event.message else { return true };
+    if m.shadowed {
+        return m.user_id == user_id;
+    }
+    if !m.restricted_visibility.is_empty() {
+        return m.user_id == user_id || m.restricted_visibility.iter().any(|u| u == user_id);
+    }
+    true
+}
+
+fn render_event(reg: &Registry, dialect: Dialect, event: &Event) -> Utf8Bytes {
+    let mut value = render::event(dialect, event);
+    if let (Value::Object(o), Some(cid)) = (&mut value, &event.cid) {
+        // The watcher count is known here, not where the event was written.
+        if o.contains_key("watcher_count") && !event.extra.contains_key("watcher_count") {
+            o.insert("watcher_count".into(), reg.watcher_count(cid).into());
+        }
+    }
+    Utf8Bytes::from(value.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use offshoot_core::model::{Audience, Message};
+
+    fn message_event(author: &str, shadowed: bool, restricted: &[&str]) -> Event {
+        Event {
+            kind: "message.new".into(),
+            cid: Some("agent:c1".into()),
+            message: Some(Message {
+                id: "m1".into(),
+                cid: "agent:c1".into(),
+                user_id: author.into(),
+                shadowed,
+                restricted_visibility: restricted.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn shadowed_messages_are_visible_to_their_author_only() {
+        let e = message_event("alice", true, &[]);
+        assert!(visible_to(&e, "alice"));
+        assert!(!visible_to(&e, "bob"));
+    }
+
+    #[test]
+    fn restricted_messages_are_visible_to_the_named_users_and_the_author() {
+        let e = message_event("alice", false, &["bob"]);
+        assert!(visible_to(&e, "alice"));
+        assert!(visible_to(&e, "bob"));
+        assert!(!visible_to(&e, "carol"));
+        assert!(visible_to(&message_event("alice", false, &[]), "carol"));
+    }
+
+    async fn hub() -> (Arc<Hub>, tempdir::Dir) {
+        let dir = tempdir::Dir::new();
+        let store = Store::connect(&dir.url()).await.unwrap();
+        (Hub::new(store, "k".into(), "s".into()), dir)
+    }
+
+    fn conn(hub: &Hub, id: &str, user: &str, capacity: usize) -> (mpsc::Receiver<Utf8Bytes>, CancellationToken) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let kick = CancellationToken::new();
+        hub.register(id.into(), Conn { user_id: user.into(), dialect: Dialect::Legacy, queue: tx, watching: HashSet::new(), kick: kick.clone() });
+        (rx, kick)
+    }
+
+    fn outbox(event: Event, audience: Audience) -> OutboxEvent {
+        OutboxEvent { seq: 1, event, audience }
+    }
+
+    #[tokio::test]
+    async fn an_event_reaches_watchers_and_named_users_once_each() {
+        let (hub, _dir) = hub().await;
+        let (mut a, _) = conn(&hub, "a", "alice", 8);
+        let (mut b, _) = conn(&hub, "b", "bob", 8);
+        let (mut c, _) = conn(&hub, "c", "carol", 8);
+        assert!(hub.watch("a", "agent:c1"));
+        assert!(!hub.watch("nope", "agent:c1"));
+        let audience = Audience { watchers_of: Some("agent:c1".into()), users: vec!["alice".into(), "bob".into()], webhooks: false };
+        hub.dispatch(&outbox(message_event("alice", false, &[]), audience));
+        let text = a.try_recv().unwrap();
+        let v: Value = serde_json::from_str(text.as_str()).unwrap();
+        assert_eq!(v["type"], "message.new");
+        assert_eq!(v["watcher_count"], 1);
+        assert!(a.try_recv().is_err(), "alice is a watcher and named, but gets the event once");
+        assert!(b.try_recv().is_ok());
+        assert!(c.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_queue_is_full_is_dropped_and_its_watches_removed() {
+        let (hub, _dir) = hub().await;
+        let (_slow, kick) = conn(&hub, "slow", "alice", 1);
+        let (mut fast, _) = conn(&hub, "fast", "bob", 8);
+        hub.watch("slow", "agent:c1");
+        hub.watch("fast", "agent:c1");
+        let audience = Audience { watchers_of: Some("agent:c1".into()), ..Default::default() };
+        for _ in 0..3 {
+            hub.dispatch(&outbox(message_event("bob", false, &[]), audience.clone()));
+        }
+        assert!(kick.is_cancelled());
+        assert_eq!(hub.watcher_count("agent:c1"), 1);
+        assert_eq!(hub.connection_count(), 1);
+        for _ in 0..3 {
+            assert!(fast.try_recv().is_ok());
+        }
+    }
+
+    /// A throw-away SQLite file for unit tests (removed on drop).
+    mod tempdir {
+        pub struct Dir(std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                let p = std::env::temp_dir().join(format!("offshoot-ws-{}", uuid::Uuid::new_v4()));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+            pub fn url(&self) -> String {
+                format!("sqlite://{}?mode=rwc", self.0.join("t.db").display())
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+}

@@ -1,1 +1,170 @@
-//! placeholder
+//! The Offshoot server: configuration, and [`run`], which starts the chosen roles (api, ws,
+//! worker) on one bound listener and stops them when the shutdown token is cancelled.
+//!
+//! Depends on every other crate; nothing depends on it but the binary and the test suites.
+
+use anyhow::Context;
+use offshoot_core::model::{NoWatchers, Watchers};
+use offshoot_store::Store;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Typed configuration. Secrets are redacted in `Debug`.
+#[derive(Clone)]
+pub struct Config {
+    /// `host:port`; port 0 picks a free one.
+    pub listen: String,
+    /// `sqlite://file.db?mode=rwc` (default) or `postgres://…`.
+    pub database_url: String,
+    pub api_key: Option<String>,
+    pub api_secret: Option<String>,
+    pub roles: Roles,
+    pub backfill_page_size: i64,
+    pub backfill_page_delay: Duration,
+    pub worker_poll_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    pub api: bool,
+    pub ws: bool,
+    pub worker: bool,
+}
+
+impl Roles {
+    pub const ALL: Roles = Roles { api: true, ws: true, worker: true };
+
+    /// `api,ws,worker` (any subset).
+    pub fn parse(s: &str) -> anyhow::Result<Roles> {
+        let mut r = Roles { api: false, ws: false, worker: false };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "api" => r.api = true,
+                "ws" => r.ws = true,
+                "worker" => r.worker = true,
+                "all" => r = Roles::ALL,
+                other => anyhow::bail!("unknown role {other:?}: use api, ws, worker or all"),
+            }
+        }
+        anyhow::ensure!(r.api || r.ws || r.worker, "no role selected");
+        Ok(r)
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("database_url", &redact_url(&self.database_url))
+            .field("api_key", &self.api_key)
+            .field("api_secret", &self.api_secret.as_ref().map(|_| "<redacted>"))
+            .field("roles", &self.roles)
+            .field("backfill_page_size", &self.backfill_page_size)
+            .field("backfill_page_delay", &self.backfill_page_delay)
+            .finish()
+    }
+}
+
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://<redacted>@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:3000".into(),
+            database_url: "sqlite://offshoot.db?mode=rwc".into(),
+            api_key: None,
+            api_secret: None,
+            roles: Roles::ALL,
+            backfill_page_size: offshoot_core::fork::BACKFILL_PAGE,
+            backfill_page_delay: Duration::ZERO,
+            worker_poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, then the environment (`OFFSHOOT_*`, `DATABASE_URL`). Reads only; validates.
+    pub fn from_env() -> anyhow::Result<Config> {
+        let mut c = Config::default();
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let Some(v) = var("OFFSHOOT_LISTEN") {
+            c.listen = v;
+        }
+        if let Some(v) = var("DATABASE_URL") {
+            c.database_url = v;
+        }
+        c.api_key = var("OFFSHOOT_API_KEY");
+        c.api_secret = var("OFFSHOOT_API_SECRET");
+        anyhow::ensure!(c.api_key.is_some() == c.api_secret.is_some(), "set both OFFSHOOT_API_KEY and OFFSHOOT_API_SECRET, or neither");
+        if let Some(v) = var("OFFSHOOT_ROLES") {
+            c.roles = Roles::parse(&v)?;
+        }
+        if let Some(v) = var("OFFSHOOT_BACKFILL_PAGE_SIZE") {
+            c.backfill_page_size = v.parse().context("OFFSHOOT_BACKFILL_PAGE_SIZE must be a number")?;
+            anyhow::ensure!(c.backfill_page_size > 0, "OFFSHOOT_BACKFILL_PAGE_SIZE must be positive");
+        }
+        if let Some(v) = var("OFFSHOOT_BACKFILL_PAGE_DELAY_MS") {
+            c.backfill_page_delay = Duration::from_millis(v.parse().context("OFFSHOOT_BACKFILL_PAGE_DELAY_MS must be a number")?);
+        }
+        Ok(c)
+    }
+}
+
+/// Starts the configured roles on `listener` and runs until `shutdown` is cancelled; then
+/// drains in-flight requests (bounded) and returns.
+pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let store = Store::connect(&config.database_url).await.map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
+    let (api_key, api_secret, generated) = store
+        .ensure_app(config.api_key.as_deref(), config.api_secret.as_deref())
+        .await
+        .map_err(|e| anyhow::anyhow!("loading the app: {e}"))?;
+    if generated {
+        println!("offshoot: generated an API key pair (stored in the database)\n  OFFSHOOT_API_KEY={api_key}\n  OFFSHOOT_API_SECRET={api_secret}");
+    } else {
+        tracing::info!(api_key = %api_key, "app loaded");
+    }
+    let fork_wake = Arc::new(Notify::new());
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let hub = config.roles.ws.then(|| offshoot_ws::Hub::new(store.clone(), api_key.clone(), api_secret.clone()));
+    let watchers: Arc<dyn Watchers> = match &hub {
+        Some(h) => h.clone(),
+        None => Arc::new(NoWatchers),
+    };
+    let mut router = axum::Router::new();
+    if config.roles.api {
+        router = router.merge(offshoot_api::router(offshoot_api::ApiState::new(store.clone(), api_key.clone(), api_secret.clone(), watchers, fork_wake.clone())));
+    } else {
+        router = router.merge(offshoot_api::health_router(store.clone()));
+    }
+    if let Some(hub) = &hub {
+        router = router.merge(hub.clone().router());
+        let (h, s) = (hub.clone(), shutdown.clone());
+        tasks.spawn(async move { h.run(s).await });
+    }
+    if config.roles.worker {
+        let cfg = offshoot_worker::backfill::BackfillConfig {
+            page_size: config.backfill_page_size,
+            page_delay: config.backfill_page_delay,
+            poll_interval: config.worker_poll_interval,
+        };
+        tasks.spawn(offshoot_worker::backfill::run(store.clone(), cfg, fork_wake.clone(), shutdown.clone()));
+        tasks.spawn(offshoot_worker::webhooks::run(store.clone(), api_key.clone(), api_secret.clone(), shutdown.clone()));
+    }
+
+    tracing::info!(addr = %listener.local_addr()?, backend = store.backend().name(), roles = ?config.roles, "offshoot listening");
+    let s = shutdown.clone();
+    axum::serve(listener, router.into_make_service()).with_graceful_shutdown(async move { s.cancelled().await }).await?;
+    // Background roles stop at the token; give them a bounded time to finish their page.
+    let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
+    store.close().await;
+    Ok(())
+}

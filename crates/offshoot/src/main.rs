@@ -1,1 +1,48 @@
-fn main() {}
+//! `offshoot serve`: reads the configuration, sets up tracing and runs the server until
+//! SIGINT or SIGTERM.
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: offshoot serve [--listen ADDR] [--database-url URL] [--roles api,ws,worker]\n\n\
+         Environment: OFFSHOOT_LISTEN (default 127.0.0.1:3000), DATABASE_URL (default sqlite://offshoot.db?mode=rwc),\n\
+         OFFSHOOT_API_KEY / OFFSHOOT_API_SECRET (generated and stored on first start when unset), OFFSHOOT_ROLES,\n\
+         OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG."
+    );
+    std::process::exit(2)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into())).init();
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() != Some("serve") {
+        usage();
+    }
+    let mut config = offshoot::Config::from_env()?;
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--listen" => config.listen = value,
+            "--database-url" => config.database_url = value,
+            "--roles" => config.roles = offshoot::Roles::parse(&value)?,
+            _ => usage(),
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(&config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        s.cancel();
+    });
+    offshoot::run(listener, config, shutdown).await
+}

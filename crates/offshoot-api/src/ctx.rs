@@ -1,0 +1,142 @@
+//! Request context: who is calling (from `api_key` and the raw-JWT `Authorization` header),
+//! which dialect the path speaks, and the body as JSON with Stream-style errors.
+
+use crate::error::ApiError;
+use crate::state::ApiState;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use bytes::Bytes;
+use offshoot_core::model::{User, Viewer};
+use offshoot_core::render::Dialect;
+use offshoot_core::{token, Error, ErrorKind};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+pub struct Ctx {
+    pub viewer: Viewer,
+    /// The stored user behind a client-side token (role included).
+    pub user: Option<User>,
+    pub dialect: Dialect,
+    pub query: HashMap<String, String>,
+}
+
+impl Ctx {
+    pub fn q(&self, key: &str) -> Option<&str> {
+        self.query.get(key).map(String::as_str)
+    }
+
+    pub fn q_bool(&self, key: &str) -> bool {
+        matches!(self.q(key), Some("true") | Some("1"))
+    }
+
+    /// A success body: `value` plus `duration`.
+    pub fn ok(&self, mut value: Value) -> axum::Json<Value> {
+        if let Value::Object(o) = &mut value {
+            o.insert("duration".into(), crate::duration().into());
+        }
+        axum::Json(value)
+    }
+}
+
+fn parse_query(q: Option<&str>) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    if let Some(q) = q {
+        for pair in q.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            out.insert(decode(k), decode(v));
+        }
+    }
+    out
+}
+
+/// Percent-decoding (and `+` as space) of one query component.
+pub fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl FromRequestParts<ApiState> for Ctx {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Self::Rejection> {
+        let dialect = parts.extensions.get::<Dialect>().copied().unwrap_or(Dialect::Legacy);
+        let query = parse_query(parts.uri.query());
+        match query.get("api_key") {
+            None => return Err(Error::new(ErrorKind::BadApiKey, "api_key is missing: add ?api_key=<your key> to the request").into()),
+            Some(k) if k.as_str() != &*state.api_key => return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid")).into()),
+            Some(_) => {}
+        }
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let auth_type = header("stream-auth-type").or(query.get("stream-auth-type").map(String::as_str)).unwrap_or("jwt");
+        let authorization = header("authorization").filter(|a| !a.is_empty());
+        if auth_type == "anonymous" && authorization.is_none() {
+            return Ok(Ctx { viewer: Viewer::Anonymous { id: offshoot_core::ids::new_id() }, user: None, dialect, query });
+        }
+        let Some(raw) = authorization else {
+            return Err(Error::new(ErrorKind::Auth, "the Authorization header is missing: send the raw JWT (no Bearer prefix), or stream-auth-type: anonymous").into());
+        };
+        let raw = raw.strip_prefix("Bearer ").unwrap_or(raw);
+        let now = offshoot_core::time::now() / 1_000_000_000;
+        let claims = token::verify(raw, &state.api_secret, now)?;
+        let Some(uid) = claims.user_id else {
+            return Ok(Ctx { viewer: Viewer::Server, user: None, dialect, query });
+        };
+        let settings = state.store.app_settings().await?;
+        if let (Some(before), Some(iat)) = (settings.revoke_tokens_issued_before, claims.iat) {
+            if iat * 1_000_000_000 < before {
+                return Err(Error::new(ErrorKind::Auth, "the token was revoked").into());
+            }
+        }
+        let user = state.store.get_user(&uid).await?.unwrap_or_else(|| User::placeholder(&uid, "user"));
+        if user.banned {
+            return Err(Error::not_allowed(format!("user {uid:?} is banned")).into());
+        }
+        Ok(Ctx { viewer: Viewer::User { id: uid, role: user.role.clone() }, user: Some(user), dialect, query })
+    }
+}
+
+/// The JSON body as an object. Empty bodies are `{}`; bad JSON, non-objects and oversized
+/// bodies get Stream errors.
+pub struct Body(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError(Error::new(ErrorKind::PayloadTooBig, format!("the request body is larger than {} bytes", crate::MAX_BODY)))
+            } else {
+                ApiError(Error::input(format!("the request body could not be read: {e}")))
+            }
+        })?;
+        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+            return Ok(Body(Map::new()));
+        }
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(o)) => Ok(Body(o)),
+            Ok(Value::Null) => Ok(Body(Map::new())),
+            Ok(_) => Err(Error::input("the request body must be a JSON object").into()),
+            Err(e) => Err(Error::input(format!("the request body is not valid JSON: {e}")).into()),
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! Messages, replies, reactions and threads.
+
+use crate::channels::{self, load, parse_path, require_read, DEFAULT_MESSAGE_LIMIT};
+use crate::ctx::{Body, Ctx};
+use crate::error::ApiResult;
+use crate::input::{self, bool_opt, get, obj_opt, str_opt, Obj};
+use crate::state::ApiState;
+use axum::extract::{Path, State};
+use axum::Json;
+use offshoot_core::model::{Audience, Channel, Message, Reaction, User, Viewer};
+use offshoot_core::render::{self, Dialect};
+use offshoot_core::{ids, perm, time, Error};
+use offshoot_store::{Page, PageDir};
+use serde_json::{json, Map, Value};
+
+fn max_len(ch: &Channel) -> i64 {
+    ch.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000)
+}
+
+/// `POST /channels/{type}/{id}/message`.
+pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (_, _, cid) = parse_path(&kind, &id)?;
+    let ch = load(&st, &cid).await?;
+    let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
+    let author = match &ctx.viewer {
+        Viewer::Server => {
+            let id = input::actor_id(msg)?.or(input::actor_id(&body)?).ok_or_else(|| Error::input("a server-side message needs message.user_id (or message.user.id)"))?;
+            st.store.get_user(&id).await?.unwrap_or_else(|| User::placeholder(&id, "user"))
+        }
+        Viewer::User { id, role } => {
+            if let Some(other) = input::actor_id(msg)? {
+                if &other != id && role != "admin" {
+                    return Err(Error::not_allowed("a user can only send messages as itself").into());
+                }
+            }
+            let member = st.store.is_member(&cid, id).await?;
+            if !perm::may_write(&ctx.viewer, member) {
+                return Err(Error::not_allowed(format!("you are not allowed to send messages to channel {cid:?}: only its members can")).into());
+            }
+            ctx.user.clone().unwrap_or_else(|| User::placeholder(id, role))
+        }
+        Viewer::Anonymous { .. } => return Err(Error::not_allowed("anonymous users cannot send messages").into()),
+    };
+    let mut new = input::new_message(msg, ctx.viewer.is_admin(), max_len(&ch))?;
+    new.user_id = author.id.clone();
+    let m = st.store.send_message(&cid, &new, &author).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
+}
+
+/// A message the caller may see, with its channel.
+async fn visible_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message, Channel), Error> {
+    let missing = || Error::not_found(format!("message with id {id:?} does not exist"));
+    let (m, hidden) = st.store.get_message(id, &ctx.viewer).await?.ok_or_else(missing)?;
+    let ch = st.store.get_channel(&m.cid).await?.ok_or_else(missing)?;
+    if !offshoot_store::is_visible(&m, hidden, ch.truncated_at, &ctx.viewer) || ch.deleted_at.is_some() {
+        return Err(missing());
+    }
+    require_read(st, &ctx.viewer, &ch.cid).await?;
+    Ok((m, ch))
+}
+
+pub async fn get_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    let mut v = render::message(ctx.dialect, &m);
+    v["channel"] = render::channel(ctx.dialect, &ch, &[]);
+    Ok(ctx.ok(json!({"message": v})))
+}
+
+fn may_edit(ctx: &Ctx, m: &Message) -> Result<(), Error> {
+    if ctx.viewer.is_admin() || ctx.viewer.user_id() == Some(m.user_id.as_str()) {
+        Ok(())
+    } else {
+        Err(Error::not_allowed("you can only change your own messages"))
+    }
+}
+
+fn editor(ctx: &Ctx, body: &Obj, m: &Message) -> Result<User, Error> {
+    Ok(input::acting_user(&ctx.viewer, ctx.user.as_ref(), body, false)?.unwrap_or_else(|| m.user.clone().unwrap_or_else(|| User::placeholder(&m.user_id, "user"))))
+}
+
+/// `POST /messages/{id}`: full update.
+pub async fn update_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    may_edit(&ctx, &m)?;
+    let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
+    if m.deleted_at.is_some() {
+        return Err(Error::input("a deleted message cannot be updated").into());
+    }
+    let new = input::new_message(msg, ctx.viewer.is_admin(), max_len(&ch))?;
+    let actor = editor(&ctx, msg, &m)?;
+    let by = actor.id.clone();
+    let updated = st
+        .store
+        .update_message(&id, &actor, move |m| {
+            m.text = new.text;
+            m.html = new.html;
+            m.mml = new.mml;
+            m.attachments = new.attachments;
+            m.mentioned_users = new.mentioned_users;
+            m.custom = new.custom;
+            m.silent = new.silent;
+            if new.i18n.is_some() {
+                m.i18n = new.i18n;
+            }
+            set_pinned(m, new.pinned, &by);
+            Ok(())
+        })
+        .await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
+}
+
+fn set_pinned(m: &mut Message, pinned: bool, by: &str) {
+    if pinned && !m.pinned {
+        m.pinned_at = Some(time::now());
+        if !by.is_empty() {
+            m.pinned_by_id = Some(by.to_string());
+        }
+    }
+    if !pinned {
+        m.pinned_at = None;
+        m.pinned_by_id = None;
+        m.pin_expires = None;
+    }
+    m.pinned = pinned;
+}
+
+/// Applies `set` / `unset` to a message (known fields to their place, others to custom data).
+fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by: &str) -> Result<(), Error> {
+    for (k, v) in set {
+        match k.as_str() {
+            "text" => {
+                let t = v.as_str().ok_or_else(|| Error::input("set.text must be a string"))?;
+                if t.chars().count() as i64 > max_text {
+                    return Err(Error::new(offshoot_core::ErrorKind::MessageTooLong, format!("message text is longer than {max_text} characters")));
+                }
+                m.text = t.to_string();
+                m.html = input::html_of(t);
+            }
+            "html" => m.html = v.as_str().unwrap_or_default().to_string(),
+            "mml" => m.mml = v.as_str().map(str::to_string),
+            "attachments" => {
+                let a = v.as_array().ok_or_else(|| Error::input("set.attachments must be an array"))?;
+                if a.len() > offshoot_core::fork::MAX_ATTACHMENTS {
+                    return Err(Error::input("a message can have at most 30 attachments"));
+                }
+                m.attachments = a.clone();
+            }
+            "pinned" => set_pinned(m, v.as_bool().ok_or_else(|| Error::input("set.pinned must be a boolean"))?, by),
+            "pin_expires" => m.pin_expires = time::parse(v),
+            "silent" => m.silent = v.as_bool().unwrap_or(false),
+            "mentioned_users" => {
+                let mut o = Map::new();
+                o.insert("mentioned_users".into(), v.clone());
+                m.mentioned_users = input::mentioned(&o)?;
+            }
+            "i18n" => m.i18n = v.as_object().cloned(),
+            "show_in_channel" => m.show_in_channel = m.parent_id.is_some() && v.as_bool().unwrap_or(false),
+            "id" | "cid" | "type" | "user" | "user_id" | "parent_id" | "created_at" | "updated_at" | "deleted_at" | "reply_count" | "shadowed" | "restricted_visibility" | "quoted_message_id" => {
+                return Err(Error::input(format!("field {k:?} cannot be changed by a partial update")));
+            }
+            "custom" => {
+                if let Some(c) = v.as_object() {
+                    for (ck, cv) in c {
+                        m.custom.insert(ck.clone(), cv.clone());
+                    }
+                }
+            }
+            _ => {
+                m.custom.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    for k in unset {
+        match k.as_str() {
+            "pinned" => set_pinned(m, false, by),
+            "attachments" => m.attachments.clear(),
+            "mml" => m.mml = None,
+            "i18n" => m.i18n = None,
+            "mentioned_users" => m.mentioned_users.clear(),
+            "text" => {
+                m.text.clear();
+                m.html.clear();
+            }
+            _ => {
+                m.custom.remove(k);
+            }
+        }
+    }
+    if serde_json::to_vec(&m.custom).map(|v| v.len()).unwrap_or(0) > offshoot_core::fork::MAX_CUSTOM_BYTES {
+        return Err(Error::input("message custom data is larger than 5120 bytes"));
+    }
+    Ok(())
+}
+
+/// `PUT /messages/{id}`: partial update.
+pub async fn partial_update_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    may_edit(&ctx, &m)?;
+    let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
+    let unset = input::str_list(&body, "unset")?.unwrap_or_default();
+    let actor = editor(&ctx, &body, &m)?;
+    let by = actor.id.clone();
+    let max = max_len(&ch);
+    let updated = st.store.update_message(&id, &actor, move |m| apply_partial(m, &set, &unset, max, &by)).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
+}
+
+/// `PATCH /messages/{id}/ephemeral`: broadcasts `message.updated` with the change, stores nothing.
+pub async fn ephemeral_update(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (mut m, ch) = visible_message(&st, &ctx, &id).await?;
+    may_edit(&ctx, &m)?;
+    let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
+    let unset = input::str_list(&body, "unset")?.unwrap_or_default();
+    let actor = editor(&ctx, &body, &m)?;
+    apply_partial(&mut m, &set, &unset, max_len(&ch), &actor.id)?;
+    m.updated_at = time::now();
+    let ev = offshoot_core::model::Event {
+        kind: "message.updated".into(),
+        cid: Some(ch.cid.clone()),
+        channel_type: Some(ch.kind.clone()),
+        channel_id: Some(ch.id.clone()),
+        user: Some(actor),
+        message: Some(m.clone()),
+        created_at: time::now(),
+        ..Default::default()
+    };
+    st.store.publish(ev, Audience { watchers_of: Some(ch.cid.clone()), users: Vec::new(), webhooks: false }).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
+}
+
+/// `DELETE /messages/{id}[?hard=true]`.
+pub async fn delete_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let (m, _) = visible_message(&st, &ctx, &id).await?;
+    may_edit(&ctx, &m)?;
+    if ctx.q_bool("delete_for_me") {
+        return Err(Error::input("delete_for_me is not supported by this server").into());
+    }
+    let hard = ctx.q_bool("hard");
+    let actor = match ctx.q("deleted_by") {
+        Some(by) if ctx.viewer.is_server() => Some(st.store.get_user(by).await?.unwrap_or_else(|| User::placeholder(by, "user"))),
+        _ => ctx.user.clone(),
+    };
+    let deleted = st.store.delete_message(&id, hard, actor.as_ref()).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &deleted)})))
+}
+
+/// Pagination from query parameters (`limit`, `id_lt`, …).
+fn page_from_query(ctx: &Ctx, default_limit: i64) -> Result<Page, Error> {
+    let mut o = Map::new();
+    for k in ["limit", "id_lt", "id_lte", "id_gt", "id_gte", "id_around"] {
+        if let Some(v) = ctx.q(k) {
+            o.insert(k.into(), v.into());
+        }
+    }
+    channels::page_of(Some(&o), default_limit)
+}
+
+/// `GET /messages/{id}/replies`.
+pub async fn get_replies(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let (parent, ch) = visible_message(&st, &ctx, &id).await?;
+    let page = page_from_query(&ctx, DEFAULT_MESSAGE_LIMIT)?;
+    let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
+    Ok(ctx.ok(json!({"messages": replies.iter().map(|m| render::message(ctx.dialect, m)).collect::<Vec<_>>()})))
+}
+
+/// `POST /messages/{id}/reaction`.
+pub async fn send_reaction(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    let Some(r) = obj_opt(&body, "reaction")? else { return Err(Error::input("field \"reaction\" is required").into()) };
+    let kind = input::str_req(r, "type")?;
+    if kind.len() > 64 {
+        return Err(Error::input("reaction type is longer than 64 characters").into());
+    }
+    let user = input::acting_user(&ctx.viewer, ctx.user.as_ref(), r, false)?
+        .or(input::acting_user(&ctx.viewer, ctx.user.as_ref(), &body, false)?)
+        .ok_or_else(|| Error::input("a server-side reaction needs reaction.user_id"))?;
+    if !ctx.viewer.is_admin() && !st.store.is_member(&ch.cid, &user.id).await? {
+        return Err(Error::not_allowed("only members can react").into());
+    }
+    let reaction = Reaction {
+        message_id: m.id.clone(),
+        user_id: user.id.clone(),
+        kind,
+        score: input::i64_opt(r, "score")?.unwrap_or(1),
+        custom: input::custom(r, &["type", "score", "user_id", "user", "message_id", "created_at", "updated_at"])?,
+        ..Default::default()
+    };
+    let enforce = bool_opt(&body, "enforce_unique")?.unwrap_or(false);
+    let (m, r) = st.store.add_reaction(&id, &reaction, enforce, &user).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m), "reaction": render::reaction(ctx.dialect, &r)})))
+}
+
+/// `DELETE /messages/{id}/reaction/{type}[?user_id=…]`.
+pub async fn delete_reaction(State(st): State<ApiState>, ctx: Ctx, Path((id, kind)): Path<(String, String)>) -> ApiResult<Json<Value>> {
+    visible_message(&st, &ctx, &id).await?;
+    let user = match &ctx.viewer {
+        Viewer::Server => {
+            let uid = ctx.q("user_id").ok_or_else(|| Error::input("a server-side request must pass user_id"))?;
+            User::placeholder(&ids::parse_user_id(uid)?, "user")
+        }
+        _ => input::acting_user(&ctx.viewer, ctx.user.as_ref(), &Map::new(), true)?.expect("client-side users act as themselves"),
+    };
+    let (m, r) = st.store.remove_reaction(&id, &kind, &user).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m), "reaction": render::reaction(ctx.dialect, &r)})))
+}
+
+/// `GET /messages/{id}/reactions`.
+pub async fn get_reactions(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let (m, _) = visible_message(&st, &ctx, &id).await?;
+    Ok(ctx.ok(json!({"reactions": m.latest_reactions.iter().map(|r| render::reaction(ctx.dialect, r)).collect::<Vec<_>>()})))
+}
+
+fn thread_state(d: Dialect, parent: &Message, replies: &[Message], ch: &Channel) -> Value {
+    let participants: Vec<Value> = parent.thread_participants.iter().map(|u| json!({"user_id": u.id, "user": render::user(d, u), "channel_cid": ch.cid, "created_at": d.ts(parent.created_at)})).collect();
+    json!({
+        "parent_message_id": parent.id,
+        "parent_message": render::message(d, parent),
+        "channel_cid": ch.cid,
+        "channel": render::channel(d, ch, &[]),
+        "created_by_user_id": parent.user_id,
+        "created_by": parent.user.as_ref().map(|u| render::user(d, u)),
+        "reply_count": parent.reply_count,
+        "participant_count": parent.thread_participants.len(),
+        "active_participant_count": parent.thread_participants.len(),
+        "thread_participants": participants,
+        "latest_replies": replies.iter().map(|m| render::message(d, m)).collect::<Vec<_>>(),
+        "read": [],
+        "title": parent.text.chars().take(60).collect::<String>(),
+        "custom": {},
+        "created_at": d.ts(parent.created_at),
+        "updated_at": d.ts(parent.updated_at),
+        "last_message_at": d.ts(replies.last().map(|r| r.created_at).unwrap_or(parent.created_at)),
+    })
+}
+
+/// `POST /threads`: `{filter: {channel_cid}, limit, reply_limit, user_id}`.
+pub async fn query_threads(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
+    let viewer = match (&ctx.viewer, input::actor_id(&body)?) {
+        (Viewer::Server, Some(uid)) => Viewer::User { id: uid, role: "user".into() },
+        (v, _) => v.clone(),
+    };
+    let filter = obj_opt(&body, "filter")?.cloned().unwrap_or_default();
+    let cids: Option<Vec<String>> = match get(&filter, "channel_cid") {
+        None => None,
+        Some(Value::String(s)) => Some(vec![s.clone()]),
+        Some(Value::Object(op)) => match op.get("$eq").or(op.get("$in")) {
+            Some(Value::String(s)) => Some(vec![s.clone()]),
+            Some(Value::Array(a)) => Some(a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()),
+            _ => return Err(Error::input("filter.channel_cid supports $eq and $in").into()),
+        },
+        Some(_) => return Err(Error::input("filter.channel_cid must be a cid or {$eq|$in}").into()),
+    };
+    let limit = input::i64_opt(&body, "limit")?.unwrap_or(10);
+    let reply_limit = input::i64_opt(&body, "reply_limit")?.unwrap_or(3);
+    let threads = st.store.query_threads(&viewer, cids.as_deref(), limit, reply_limit).await?;
+    let out: Vec<Value> = threads.iter().map(|(p, r, ch)| thread_state(ctx.dialect, p, r, ch)).collect();
+    Ok(ctx.ok(json!({"threads": out})))
+}
+
+/// `GET /threads/{message_id}`.
+pub async fn get_thread(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let (parent, ch) = visible_message(&st, &ctx, &id).await?;
+    if parent.parent_id.is_some() {
+        return Err(Error::input(format!("message {id:?} is a reply, not a thread's parent")).into());
+    }
+    let reply_limit = ctx.q("reply_limit").and_then(|l| l.parse().ok()).unwrap_or(10);
+    let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &Page { limit: reply_limit, dir: PageDir::Latest }).await?;
+    let _ = str_opt;
+    Ok(ctx.ok(json!({"thread": thread_state(ctx.dialect, &parent, &replies, &ch)})))
+}

@@ -1,0 +1,103 @@
+//! Who a new connection is: the app key, the user token (or anonymous), and the user record,
+//! created or updated from the `user_details` the client sends, as Stream's `connectUser` does.
+
+use crate::Hub;
+use offshoot_core::model::{Custom, User};
+use offshoot_core::{ids, time, token, Error, ErrorKind};
+use offshoot_store::UserInput;
+use serde_json::{Map, Value};
+
+/// What a client presents when it connects, from either endpoint.
+#[derive(Debug, Default)]
+pub(crate) struct Credentials {
+    pub api_key: Option<String>,
+    pub anonymous: bool,
+    pub token: String,
+    /// The user the client says it is (`json.user_id` / `user_details.id`).
+    pub user_id: Option<String>,
+    pub user_details: Option<Map<String, Value>>,
+}
+
+/// User fields a client may not set about itself, or that are not stored.
+const NOT_CUSTOM: &[&str] = &[
+    "id", "role", "teams", "name", "image", "language", "invisible", "custom", "created_at", "updated_at", "deleted_at",
+    "last_active", "online", "banned", "shadow_banned", "anon", "blocked_user_ids", "total_unread_count", "unread_channels",
+    "unread_count", "unread_threads", "channel_mutes", "mutes", "devices", "teams_role", "revoke_tokens_issued_before",
+];
+
+pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, Error> {
+    match creds.api_key.as_deref() {
+        None | Some("") => return Err(Error::new(ErrorKind::BadApiKey, "the api_key query parameter is missing")),
+        Some(k) if k != hub.api_key => return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid"))),
+        Some(_) => {}
+    }
+    if creds.token.is_empty() {
+        if creds.anonymous {
+            // Never trust a client-chosen id here: events addressed to that user would leak.
+            let now = time::now();
+            let id = uuid::Uuid::new_v4().to_string();
+            return Ok(User { created_at: now, updated_at: now, ..User::placeholder(&id, "anonymous") });
+        }
+        return Err(Error::new(ErrorKind::Auth, "the authorization query parameter (a user token) is missing"));
+    }
+    let now = time::now();
+    let claims = token::verify(&creds.token, &hub.api_secret, now / 1_000_000_000)?;
+    let user_id = match (claims.user_id, creds.user_id) {
+        (Some(t), Some(r)) if t != r => {
+            return Err(Error::new(ErrorKind::Auth, format!("the token is for user {t:?}, not for {r:?}")));
+        }
+        (Some(t), _) => t,
+        // A server token holds every permission; it may connect as any user it names.
+        (None, Some(r)) => r,
+        (None, None) => return Err(Error::input("user_id is missing: connect with a user token or name the user")),
+    };
+    let user_id = ids::parse_user_id(&user_id)?;
+    let settings = hub.store.app_settings().await.map_err(Error::from)?;
+    if let (Some(revoked), Some(iat)) = (settings.revoke_tokens_issued_before, claims.iat) {
+        if iat.saturating_mul(1_000_000_000) < revoked {
+            return Err(Error::new(ErrorKind::Auth, "the token was revoked: it was issued before the app's revoke_tokens_issued_before"));
+        }
+    }
+    upsert_on_connect(hub, &user_id, creds.user_details.as_ref()).await
+}
+
+/// Creates the user on first connect and applies the fields `user_details` sets. Unlike the
+/// upsert endpoint, fields the details leave out keep their stored values, and the role,
+/// teams and ban flags are never taken from the client.
+async fn upsert_on_connect(hub: &Hub, user_id: &str, details: Option<&Map<String, Value>>) -> Result<User, Error> {
+    let existing = hub.store.get_user(user_id).await.map_err(Error::from)?;
+    let empty = Map::new();
+    let details = details.unwrap_or(&empty);
+    let text = |key: &str| details.get(key).and_then(Value::as_str).map(str::to_string);
+    let mut custom: Custom = existing.as_ref().map(|u| u.custom.clone()).unwrap_or_default();
+    for (k, v) in details {
+        if !NOT_CUSTOM.contains(&k.as_str()) {
+            custom.insert(k.clone(), v.clone());
+        }
+    }
+    if let Some(Value::Object(nested)) = details.get("custom") {
+        custom.extend(nested.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    let input = UserInput {
+        id: user_id.to_string(),
+        role: None,
+        name: text("name").or_else(|| existing.as_ref().and_then(|u| u.name.clone())),
+        image: text("image").or_else(|| existing.as_ref().and_then(|u| u.image.clone())),
+        language: text("language"),
+        teams: None,
+        invisible: details.get("invisible").and_then(Value::as_bool),
+        custom,
+    };
+    if let Some(u) = &existing {
+        let unchanged = input.name == u.name
+            && input.image == u.image
+            && input.language.as_ref().is_none_or(|l| Some(l) == u.language.as_ref())
+            && input.invisible.is_none_or(|i| i == u.invisible)
+            && input.custom == u.custom;
+        if unchanged {
+            return Ok(u.clone());
+        }
+    }
+    let mut users = hub.store.upsert_users(&[input]).await.map_err(Error::from)?;
+    users.pop().ok_or_else(Error::internal)
+}

@@ -1,0 +1,288 @@
+//! One WebSocket connection: the handshake of each endpoint, then a loop that writes queued
+//! events, answers and sends heartbeats, and ends on close, error, a full queue or shutdown.
+
+use crate::auth::{self, Credentials};
+use crate::{Conn, Hub, QUEUE_CAPACITY};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::response::Response;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use offshoot_core::model::User;
+use offshoot_core::render::{self, Dialect};
+use offshoot_core::{time, Error};
+use serde_json::{json, Map, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::{timeout, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The server's own heartbeat (JS marks a connection unhealthy after 35 s of silence).
+const HEARTBEAT: Duration = Duration::from_secs(25);
+/// A write that takes longer than this means the client is gone or stuck.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a v2 client has to send its auth frame.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Clients send only heartbeats and the auth frame.
+const MAX_INCOMING: usize = 64 * 1024;
+
+/// Close codes: 1000 stops JS from reconnecting (a rejected connection); 1001 and 1013 make
+/// it reconnect and recover its channels.
+const CLOSE_REJECTED: u16 = 1000;
+const CLOSE_GOING_AWAY: u16 = 1001;
+const CLOSE_TRY_AGAIN: u16 = 1013;
+
+type Sink = SplitSink<WebSocket, Message>;
+type Source = SplitStream<WebSocket>;
+
+/// `GET /connect?json=…&api_key=…&authorization=…&stream-auth-type=jwt|anonymous`.
+pub(crate) async fn connect_legacy(State(hub): State<Arc<Hub>>, Query(params): Query<HashMap<String, String>>, ws: WebSocketUpgrade) -> Response {
+    ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+        let (mut sink, source) = socket.split();
+        let creds = legacy_credentials(&params);
+        let user = match creds {
+            Ok(creds) => auth::authenticate(&hub, creds).await,
+            Err(e) => Err(e),
+        };
+        match user {
+            Ok(user) => session(hub, sink, source, user, Dialect::Legacy, "health.check").await,
+            Err(e) => reject(&mut sink, source, &e).await,
+        }
+    })
+}
+
+/// `GET /api/v2/connect?api_key=…`; the client's first frame carries the token.
+pub(crate) async fn connect_v2(State(hub): State<Arc<Hub>>, Query(params): Query<HashMap<String, String>>, ws: WebSocketUpgrade) -> Response {
+    ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+        let (mut sink, mut source) = socket.split();
+        let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
+            Ok(Some(text)) => v2_credentials(&params, &text),
+            Ok(None) => return,
+            Err(_) => Err(Error::input("no auth frame ({\"token\": …, \"user_details\": {\"id\": …}}) within 10 s")),
+        };
+        let user = match creds {
+            Ok(creds) => auth::authenticate(&hub, creds).await,
+            Err(e) => Err(e),
+        };
+        match user {
+            Ok(user) => session(hub, sink, source, user, Dialect::V2, "connection.ok").await,
+            Err(e) => reject(&mut sink, source, &e).await,
+        }
+    })
+}
+
+fn anonymous(params: &HashMap<String, String>) -> bool {
+    params.get("stream-auth-type").is_some_and(|t| t.eq_ignore_ascii_case("anonymous"))
+}
+
+fn legacy_credentials(params: &HashMap<String, String>) -> Result<Credentials, Error> {
+    let payload: Map<String, Value> = match params.get("json").map(String::as_str) {
+        None | Some("") => Map::new(),
+        Some(raw) => match serde_json::from_str(raw) {
+            Ok(Value::Object(o)) => o,
+            _ => return Err(Error::input("the json query parameter must be a JSON object")),
+        },
+    };
+    let user_details = payload.get("user_details").and_then(Value::as_object).cloned();
+    let user_id = payload
+        .get("user_id")
+        .and_then(Value::as_str)
+        .or_else(|| user_details.as_ref().and_then(|d| d.get("id")).and_then(Value::as_str))
+        .map(str::to_string);
+    Ok(Credentials {
+        api_key: params.get("api_key").cloned(),
+        anonymous: anonymous(params),
+        token: params.get("authorization").cloned().unwrap_or_default(),
+        user_id,
+        user_details,
+    })
+}
+
+fn v2_credentials(params: &HashMap<String, String>, frame: &str) -> Result<Credentials, Error> {
+    let Ok(Value::Object(payload)) = serde_json::from_str::<Value>(frame) else {
+        return Err(Error::input("the first frame must be a JSON object {\"token\": …, \"user_details\": {\"id\": …}}"));
+    };
+    let user_details = payload.get("user_details").and_then(Value::as_object).cloned();
+    Ok(Credentials {
+        api_key: params.get("api_key").cloned(),
+        anonymous: anonymous(params),
+        token: payload.get("token").and_then(Value::as_str).unwrap_or_default().to_string(),
+        user_id: user_details.as_ref().and_then(|d| d.get("id")).and_then(Value::as_str).map(str::to_string),
+        user_details,
+    })
+}
+
+/// The first text frame; None when the client went away first.
+async fn first_text(source: &mut Source) -> Option<String> {
+    while let Some(frame) = source.next().await {
+        match frame {
+            Ok(Message::Text(t)) => return Some(t.to_string()),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+    None
+}
+
+/// `connection.error`, then close with 1000 so the client does not retry.
+async fn reject(sink: &mut Sink, mut source: Source, e: &Error) {
+    tracing::debug!(code = e.kind.code(), message = %e.message, "websocket connection rejected");
+    let body = json!({
+        "type": "connection.error",
+        "error": {
+            "code": e.kind.code(),
+            "StatusCode": e.kind.status(),
+            "message": e.message,
+            "duration": "0ms",
+            "more_info": "",
+            "details": [],
+        },
+        "created_at": Dialect::Legacy.ts(time::now()),
+    });
+    let _ = send(sink, Message::Text(body.to_string().into())).await;
+    close(sink, CLOSE_REJECTED, "").await;
+    // Wait (bounded) for the client's close reply so the close handshake completes.
+    let _ = timeout(Duration::from_secs(1), async { while let Some(Ok(_)) = source.next().await {} }).await;
+}
+
+async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, dialect: Dialect, hello: &str) {
+    let conn_id = uuid::Uuid::new_v4().to_string();
+    let me = render_me(dialect, &user);
+    let (queue, mut events) = mpsc::channel(QUEUE_CAPACITY);
+    let kick = CancellationToken::new();
+    // Registered before the first frame, so a watch sent right after it finds the connection.
+    hub.register(
+        conn_id.clone(),
+        Conn { user_id: user.id.clone(), dialect, queue, watching: HashSet::new(), kick: kick.clone() },
+    );
+    tracing::debug!(connection_id = %conn_id, user_id = %user.id, "websocket connected");
+
+    let heartbeat_frame = |kind: &str| {
+        let frame = json!({"type": kind, "connection_id": conn_id, "cid": "*", "me": me, "created_at": dialect.ts(time::now())});
+        Message::Text(frame.to_string().into())
+    };
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
+    let mut close_with = None;
+    if send(&mut sink, heartbeat_frame(hello)).await.is_ok() {
+        close_with = loop {
+            tokio::select! {
+                biased;
+                _ = hub.closing.cancelled() => break Some((CLOSE_GOING_AWAY, "server shutting down")),
+                _ = kick.cancelled() => break Some((CLOSE_TRY_AGAIN, "too many events queued; reconnect")),
+                frame = source.next() => match frame {
+                    Some(Ok(Message::Text(text))) => {
+                        if is_health_check(&text) && send(&mut sink, heartbeat_frame("health.check")).await.is_err() {
+                            break None;
+                        }
+                    }
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+                    Some(Ok(_)) => {}
+                },
+                event = events.recv() => match event {
+                    Some(text) => if send(&mut sink, Message::Text(text)).await.is_err() { break None },
+                    None => break None,
+                },
+                _ = heartbeat.tick() => if send(&mut sink, heartbeat_frame("health.check")).await.is_err() { break None },
+            }
+        };
+    }
+    hub.disconnect(&conn_id);
+    match close_with {
+        Some((code, reason)) => close(&mut sink, code, reason).await,
+        None => {
+            let _ = timeout(Duration::from_secs(1), sink.close()).await;
+        }
+    }
+    tracing::debug!(connection_id = %conn_id, "websocket closed");
+}
+
+/// A client heartbeat: `[{"type":"health.check",…}]` (JS) or a bare object.
+fn is_health_check(text: &Utf8Bytes) -> bool {
+    let is_check = |v: &Value| v.get("type").and_then(Value::as_str) == Some("health.check");
+    match serde_json::from_str::<Value>(text.as_str()) {
+        Ok(Value::Array(items)) => items.iter().any(is_check),
+        Ok(v) => is_check(&v),
+        Err(_) => false,
+    }
+}
+
+/// The connection's own user, as JS `connectUser` expects it in `me`.
+fn render_me(dialect: Dialect, user: &User) -> Value {
+    let mut me = render::user(dialect, user);
+    if let Value::Object(o) = &mut me {
+        o.insert("online".into(), true.into());
+        for key in ["total_unread_count", "unread_channels", "unread_count", "unread_threads"] {
+            o.insert(key.into(), 0.into());
+        }
+        for key in ["channel_mutes", "mutes", "devices"] {
+            o.insert(key.into(), Value::Array(Vec::new()));
+        }
+    }
+    me
+}
+
+async fn send(sink: &mut Sink, msg: Message) -> Result<(), ()> {
+    match timeout(SEND_TIMEOUT, sink.send(msg)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "websocket write failed");
+            Err(())
+        }
+        Err(_) => {
+            tracing::debug!("websocket write timed out");
+            Err(())
+        }
+    }
+}
+
+async fn close(sink: &mut Sink, code: u16, reason: &str) {
+    let frame = Message::Close(Some(CloseFrame { code, reason: Utf8Bytes::from(reason) }));
+    let _ = timeout(Duration::from_secs(1), async {
+        let _ = sink.send(frame).await;
+        let _ = sink.close().await;
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_are_recognised_as_arrays_and_objects() {
+        assert!(is_health_check(&Utf8Bytes::from(r#"[{"type":"health.check","client_id":"u1--x"}]"#)));
+        assert!(is_health_check(&Utf8Bytes::from(r#"{"type":"health.check"}"#)));
+        assert!(!is_health_check(&Utf8Bytes::from(r#"{"type":"typing.start"}"#)));
+        assert!(!is_health_check(&Utf8Bytes::from("not json")));
+    }
+
+    #[test]
+    fn legacy_credentials_take_the_user_from_json_and_the_token_from_authorization() {
+        let params: HashMap<String, String> = [
+            ("json", r#"{"user_id":"u1","user_details":{"id":"u1","name":"U"}}"#),
+            ("api_key", "k"),
+            ("authorization", "t"),
+            ("stream-auth-type", "jwt"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let c = legacy_credentials(&params).unwrap();
+        assert_eq!(c.user_id.as_deref(), Some("u1"));
+        assert_eq!(c.token, "t");
+        assert!(!c.anonymous);
+        assert_eq!(c.user_details.unwrap()["name"], "U");
+        let bad: HashMap<String, String> = [("json".to_string(), "[1]".to_string())].into_iter().collect();
+        assert!(legacy_credentials(&bad).is_err());
+    }
+
+    #[test]
+    fn me_carries_the_counters_js_reads() {
+        let me = render_me(Dialect::Legacy, &User::placeholder("u1", "user"));
+        assert_eq!(me["id"], "u1");
+        assert_eq!(me["total_unread_count"], 0);
+        assert_eq!(me["mutes"], json!([]));
+    }
+}
