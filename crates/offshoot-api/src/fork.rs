@@ -66,6 +66,8 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id))
         members,
         exclude_attachments: bool_opt(&body, "exclude_attachments")?.unwrap_or(false),
         created_by_id,
+        inherit_data: input::str_list(&body, "inherit_data")?.unwrap_or_default(),
+        require_finished: bool_opt(&body, "require_finished")?.unwrap_or(false),
     };
     let outcome = st.store.create_fork(&req).await?;
     if outcome.fork.status == ForkStatus::Backfilling {

@@ -38,6 +38,8 @@ pub enum ErrorKind {
     ForkTargetConflict,
     /// 409, code 131: `fork_in_progress`.
     ForkInProgress,
+    /// 409, code 4: `fork_point_generating` (the fork point is still being written).
+    ForkPointGenerating,
     /// 405, code 4: the path exists but not with this method.
     MethodNotAllowed,
     /// 500, code -1: something broke inside; the message never leaks details.
@@ -63,6 +65,7 @@ impl ErrorKind {
             ErrorKind::ForkPointAmbiguous => 127,
             ErrorKind::ForkTargetConflict => 129,
             ErrorKind::ForkInProgress => 131,
+            ErrorKind::ForkPointGenerating => 4,
             ErrorKind::MethodNotAllowed => 4,
             ErrorKind::Internal => -1,
         }
@@ -86,6 +89,7 @@ impl ErrorKind {
             ErrorKind::ForkPointAmbiguous => 409,
             ErrorKind::ForkTargetConflict => 409,
             ErrorKind::ForkInProgress => 409,
+            ErrorKind::ForkPointGenerating => 409,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::Internal => 500,
         }

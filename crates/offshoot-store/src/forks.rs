@@ -23,6 +23,10 @@ pub struct ForkRequest {
     pub members: Option<Vec<MemberInput>>,
     pub exclude_attachments: bool,
     pub created_by_id: Option<String>,
+    /// Custom keys of the source channel the fork keeps (unless `custom` sets them).
+    pub inherit_data: Vec<String>,
+    /// Refuse a fork point the agent is still writing (`fork_point_generating`).
+    pub require_finished: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -205,6 +209,28 @@ async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether the newest AI-state event about `message_id` in `cid` says the agent is still
+/// writing it (an `ai_indicator.update` not followed by `ai_indicator.clear` / `.stop`).
+async fn still_generating(conn: &mut AnyConnection, cid: &str, message_id: &str) -> Result<bool> {
+    let rows: Vec<AnyRow> = sqlx::query("SELECT type, payload FROM event WHERE cid = $1 AND type IN ('ai_indicator.update', 'ai_indicator.clear', 'ai_indicator.stop') ORDER BY seq DESC LIMIT 200")
+        .bind(cid.to_string())
+        .fetch_all(&mut *conn)
+        .await?;
+    for row in rows {
+        let event: Event = serde_json::from_str(&rows::get_str(&row, "payload")?)?;
+        let about = event.extra.get("message_id").and_then(Value::as_str);
+        // A clear or stop without a message id ends every indicator of the channel.
+        if event.kind != "ai_indicator.update" && about.is_none_or(|m| m == message_id) {
+            return Ok(false);
+        }
+        if event.kind == "ai_indicator.update" && about == Some(message_id) {
+            let state = event.extra.get("ai_state").and_then(Value::as_str).unwrap_or_default();
+            return Ok(!matches!(state, "AI_STATE_ERROR" | "AI_STATE_IDLE" | ""));
+        }
+    }
+    Ok(false)
+}
+
 async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()> {
     let now = time::now();
     let status = if failed.is_some() { ForkStatus::Failed } else { ForkStatus::Completed };
@@ -277,6 +303,12 @@ impl Store {
                 return domain(Error::input(format!("message_id {:?} is not a visible top-level regular or system message of channel {:?}", req.message_id, source.cid)));
             }
         };
+        if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
+            return domain(
+                Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id))
+                    .reason("fork_point_generating"),
+            );
+        }
         let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $4")
             .bind(source.cid.clone())
             .bind(point.created_at)
@@ -323,10 +355,24 @@ impl Store {
             id: req.target_id.clone(),
             created_by_id: creator_id.clone(),
             team: req.team.clone().or_else(|| source.team.clone()),
-            custom: req.custom.clone(),
+            custom: {
+                let mut custom = req.custom.clone();
+                for key in &req.inherit_data {
+                    if let (Some(v), false) = (source.custom.get(key), custom.contains_key(key)) {
+                        custom.insert(key.clone(), v.clone());
+                    }
+                }
+                custom
+            },
             members: Vec::new(),
         };
-        insert_channel_row(&mut tx, &fork_cid, &new, now).await?;
+        if let Err(e) = insert_channel_row(&mut tx, &fork_cid, &new, now).await {
+            // Another request (from another source) created the channel since we looked.
+            return match e {
+                crate::StoreError::Conflict(_) => domain(Error::input(format!("channel {fork_cid:?} already exists; fork into a new channel id")).reason("fork_target_exists")),
+                other => Err(other),
+            };
+        }
         for m in &members {
             let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
             sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")

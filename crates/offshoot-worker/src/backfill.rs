@@ -4,9 +4,11 @@
 //! run at once: on PostgreSQL a page locks its fork row, on SQLite writes are serialised.
 
 use offshoot_store::{BackfillStep, Store};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone)]
@@ -21,33 +23,66 @@ pub struct BackfillConfig {
 
 impl Default for BackfillConfig {
     fn default() -> Self {
-        BackfillConfig { page_size: offshoot_core::fork::BACKFILL_PAGE, page_delay: Duration::ZERO, poll_interval: Duration::from_secs(1) }
+        BackfillConfig {
+            page_size: offshoot_core::fork::BACKFILL_PAGE,
+            page_delay: Duration::ZERO,
+            poll_interval: Duration::from_secs(1),
+        }
     }
 }
 
+/// Forks copied at the same time by one worker.
+const PARALLEL_FORKS: usize = 4;
+
 /// Runs until `shutdown`. `wake` is notified by the API when it creates a backfilling fork.
-pub async fn run(store: Store, config: BackfillConfig, wake: Arc<Notify>, shutdown: CancellationToken) {
+/// Every pass re-reads the backfilling forks from the database, so a fork whose wake-up was
+/// lost (a crash between commit and notify, another process) is picked up by the next poll.
+pub async fn run(
+    store: Store,
+    config: BackfillConfig,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
     tracing::info!(page_size = config.page_size, "backfill worker started");
+    let mut running: HashSet<String> = HashSet::new();
+    let mut tasks: JoinSet<String> = JoinSet::new();
     loop {
-        let forks = match store.backfilling_forks().await {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::error!(error = %e, "listing backfilling forks failed");
-                Vec::new()
+        match store.backfilling_forks().await {
+            Ok(forks) => {
+                for cid in forks {
+                    if running.len() >= PARALLEL_FORKS {
+                        break;
+                    }
+                    if running.insert(cid.clone()) {
+                        let (store, config, shutdown) =
+                            (store.clone(), config.clone(), shutdown.clone());
+                        tasks.spawn(async move {
+                            drain(&store, &config, &cid, &shutdown).await;
+                            cid
+                        });
+                    }
+                }
             }
-        };
-        for cid in forks {
-            if shutdown.is_cancelled() {
-                return;
-            }
-            drain(&store, &config, &cid, &shutdown).await;
+            Err(e) => tracing::error!(error = %e, "listing backfilling forks failed"),
         }
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => break,
             _ = wake.notified() => {}
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok(cid) = done {
+                    running.remove(&cid);
+                }
+            }
             _ = tokio::time::sleep(config.poll_interval) => {}
         }
+        while let Some(done) = tasks.try_join_next() {
+            if let Ok(cid) = done {
+                running.remove(&cid);
+            }
+        }
     }
+    // Let in-flight pages commit; each drain stops at its next page boundary.
+    while tasks.join_next().await.is_some() {}
 }
 
 /// Copies pages of one fork until it is finished, gone, or shutdown is requested.
