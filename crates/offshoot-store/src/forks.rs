@@ -449,6 +449,7 @@ impl Store {
             sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1").bind(fork_cid.clone()).execute(&mut *tx.tx).await?;
         }
         let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("just created");
+        tx.started_fork = !finished;
         tx.commit(self).await?;
         Ok(ForkOutcome { fork: channel.fork.clone().expect("fork"), channel, message_id_map: map, created: true })
     }

@@ -120,6 +120,9 @@ pub struct Store {
     write_lock: Option<Arc<Mutex<()>>>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
+    /// Woken when a fork starts backfilling.
+    forks: Arc<Notify>,
+    url: Arc<str>,
 }
 
 /// A write transaction.
@@ -127,15 +130,29 @@ pub(crate) struct Tx {
     pub(crate) tx: Transaction<'static, Any>,
     backend: Backend,
     wrote_events: bool,
+    pub(crate) started_fork: bool,
     _guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Tx {
     pub(crate) async fn commit(self, store: &Store) -> Result<()> {
-        let wrote = self.wrote_events;
-        self.tx.commit().await?;
+        let (wrote, forked) = (self.wrote_events, self.started_fork);
+        let mut tx = self.tx;
+        if self.backend == Backend::Postgres {
+            // NOTIFY is transactional: other processes hear it when this commits.
+            if wrote {
+                sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
+            }
+            if forked {
+                sqlx::query("SELECT pg_notify('offshoot_forks', '')").execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
         if wrote {
             store.events.notify_waiters();
+        }
+        if forked {
+            store.forks.notify_one();
         }
         Ok(())
     }
@@ -180,6 +197,8 @@ impl Store {
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
             events: Arc::new(Notify::new()),
+            forks: Arc::new(Notify::new()),
+            url: url.into(),
         })
     }
 
@@ -197,6 +216,45 @@ impl Store {
         self.events.clone()
     }
 
+    /// Notified when a fork starts backfilling (here, or in another process on PostgreSQL).
+    pub fn fork_notify(&self) -> Arc<Notify> {
+        self.forks.clone()
+    }
+
+    /// On PostgreSQL, relays `LISTEN offshoot_events` / `offshoot_forks` from other processes
+    /// to [`Store::event_notify`] and [`Store::fork_notify`] until `shutdown`. Consumers still
+    /// poll, so a lost notification only delays, never loses, work. No-op on SQLite.
+    pub async fn relay_notifications(&self, shutdown: impl std::future::Future<Output = ()>) {
+        if self.backend != Backend::Postgres {
+            return shutdown.await;
+        }
+        let relay = async {
+            loop {
+                match sqlx::postgres::PgListener::connect(&self.url).await {
+                    Ok(mut l) => {
+                        if let Err(e) = l.listen_all(["offshoot_events", "offshoot_forks"]).await {
+                            tracing::warn!(error = %e, "LISTEN failed");
+                        } else {
+                            while let Ok(n) = l.recv().await {
+                                if n.channel() == "offshoot_forks" {
+                                    self.forks.notify_one();
+                                } else {
+                                    self.events.notify_waiters();
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "connecting the notification listener failed"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        };
+        tokio::select! {
+            _ = shutdown => {}
+            _ = relay => {}
+        }
+    }
+
     pub(crate) async fn begin(&self) -> Result<Tx> {
         let guard = match &self.write_lock {
             Some(lock) => Some(lock.clone().lock_owned().await),
@@ -206,7 +264,7 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         };
-        Ok(Tx { tx, backend: self.backend, wrote_events: false, _guard: guard })
+        Ok(Tx { tx, backend: self.backend, wrote_events: false, started_fork: false, _guard: guard })
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {

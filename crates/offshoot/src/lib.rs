@@ -131,8 +131,12 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     } else {
         tracing::info!(api_key = %api_key, "app loaded");
     }
-    let fork_wake = Arc::new(Notify::new());
+    let fork_wake: Arc<Notify> = store.fork_notify();
     let mut tasks = tokio::task::JoinSet::new();
+    {
+        let (st, s) = (store.clone(), shutdown.clone());
+        tasks.spawn(async move { st.relay_notifications(s.cancelled_owned()).await });
+    }
 
     let hub = config.roles.ws.then(|| offshoot_ws::Hub::new(store.clone(), api_key.clone(), api_secret.clone()));
     let watchers: Arc<dyn Watchers> = match &hub {
