@@ -72,7 +72,7 @@ impl Store {
         }
         let mut tx = self.begin().await?;
         let now = time::now();
-        sqlx::query("INSERT INTO outbox_cursor (name, seq, created_at, updated_at) SELECT $1, COALESCE(MAX(seq), 0), $2, $2 FROM event ON CONFLICT (name) DO NOTHING")
+        sqlx::query("INSERT INTO outbox_cursor (name, seq, created_at, updated_at) SELECT $1, COALESCE(MAX(seq), 0), $2, $2 FROM event WHERE true ON CONFLICT (name) DO NOTHING")
             .bind(name.to_string())
             .bind(now)
             .execute(&mut *tx.tx)
