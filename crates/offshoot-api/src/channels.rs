@@ -76,8 +76,7 @@ pub(crate) async fn channel_state(st: &ApiState, ctx: &Ctx, ch: &Channel, page: 
     let messages = st.store.channel_messages(ch, &ctx.viewer, page).await?;
     let pinned = st.store.pinned_messages(ch, &ctx.viewer, 10).await?;
     let members = st.store.members(&ch.cid, member_limit, 0).await?;
-    let reads = st.store.read_states(&ch.cid).await?;
-    let users = st.store.get_users(&reads.iter().map(|r| r.0.clone()).collect::<Vec<_>>()).await?;
+    let reads = st.store.member_read_states(ch, member_limit).await?;
     let caps = perm::own_capabilities(&ctx.viewer, member, &ch.kind);
     let mut o = Map::new();
     o.insert("channel".into(), render::channel(d, ch, &caps));
@@ -88,13 +87,13 @@ pub(crate) async fn channel_state(st: &ApiState, ctx: &Ctx, ch: &Channel, page: 
         "read".into(),
         reads
             .iter()
-            .map(|(uid, last, mid)| {
-                let u = users.get(uid).cloned().unwrap_or_else(|| User::placeholder(uid, "user"));
-                let mut r = json!({"user": render::user(d, &u), "last_read": d.ts(*last), "unread_messages": 0});
-                if let Some(mid) = mid {
-                    r["last_read_message_id"] = mid.clone().into();
+            .map(|r| {
+                let u = members.iter().find(|m| m.user_id == r.user_id).and_then(|m| m.user.clone()).unwrap_or_else(|| User::placeholder(&r.user_id, "user"));
+                let mut o = json!({"user": render::user(d, &u), "last_read": d.ts(r.last_read), "unread_messages": r.unread_messages});
+                if let Some(mid) = &r.last_read_message_id {
+                    o["last_read_message_id"] = mid.clone().into();
                 }
-                r
+                o
             })
             .collect(),
     );

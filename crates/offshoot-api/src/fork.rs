@@ -104,14 +104,13 @@ pub async fn lookup_fork_message_ids(State(st): State<ApiState>, ctx: Ctx, Path(
 pub async fn list_forks(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     let ch = st.store.get_channel(&cid).await?;
-    match &ch {
-        Some(_) => {
-            if !ctx.viewer.is_admin() && !is_member(&st, &ctx.viewer, &cid).await? {
-                return Err(Error::not_allowed(format!("you are not allowed to read channel {cid:?}")).into());
-            }
-        }
+    let allowed = match &ch {
+        Some(_) => ctx.viewer.is_admin() || is_member(&st, &ctx.viewer, &cid).await?,
         None if !ctx.viewer.is_admin() => return Err(Error::not_found(format!("channel {cid:?} does not exist")).into()),
-        None => {}
+        None => true,
+    };
+    if !allowed {
+        return Err(Error::not_allowed(format!("you are not allowed to read channel {cid:?}")).into());
     }
     let limit = ctx.q("limit").map(|l| l.parse::<i64>().map_err(|_| Error::input("limit must be a number"))).transpose()?.unwrap_or(25);
     let offset = ctx.q("offset").map(|l| l.parse::<i64>().map_err(|_| Error::input("offset must be a number"))).transpose()?.unwrap_or(0);

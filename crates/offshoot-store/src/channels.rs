@@ -25,6 +25,15 @@ pub struct NewChannel {
     pub members: Vec<MemberInput>,
 }
 
+/// One member's read state of a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadState {
+    pub user_id: String,
+    pub last_read: i64,
+    pub last_read_message_id: Option<String>,
+    pub unread_messages: i64,
+}
+
 /// Query Channels: every `Some` narrows the result.
 #[derive(Debug, Clone, Default)]
 pub struct ChannelFilter {
@@ -284,6 +293,37 @@ impl Store {
             hydrate_channel(&mut conn, ch).await?;
         }
         Ok(channels)
+    }
+
+    /// Read state of the first `limit` members of `ch`. A member who never marked the channel
+    /// read has read up to when they joined, so history from before they joined (the copies in
+    /// a fork, for one) is not unread. Unread counts the visible messages of others in the main
+    /// list after `last_read`, system messages excepted.
+    pub async fn member_read_states(&self, ch: &Channel, limit: i64) -> Result<Vec<ReadState>> {
+        let rows: Vec<AnyRow> = sqlx::query(
+            "SELECT mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
+             (SELECT COUNT(*) FROM message m WHERE m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) AND m.created_at > $2 \
+              AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
+              AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
+              AND (m.restricted_visibility = '[]' OR m.restricted_visibility LIKE '%\"' || mb.user_id || '\"%')) AS unread \
+             FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
+             WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $3",
+        )
+        .bind(ch.cid.clone())
+        .bind(ch.truncated_at.unwrap_or(i64::MIN))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ReadState {
+                    user_id: rows::get_str(r, "user_id")?,
+                    last_read: rows::get_i64(r, "last_read")?,
+                    last_read_message_id: rows::get_opt_str(r, "last_read_message_id")?,
+                    unread_messages: rows::get_i64(r, "unread")?,
+                })
+            })
+            .collect()
     }
 
     /// Read state of a channel: (user_id, last_read, last_read_message_id).

@@ -252,6 +252,16 @@ async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()>
 impl Store {
     /// The fork request: everything in one transaction.
     pub async fn create_fork(&self, req: &ForkRequest) -> Result<ForkOutcome> {
+        match self.create_fork_once(req).await {
+            // A request from another source (not serialised by the source's lock) created the
+            // target channel first. It has committed by now: look again, so this request gets
+            // the answer the fork document gives (fork_target_conflict, or fork_target_exists).
+            Err(crate::StoreError::Conflict(_)) => self.create_fork_once(req).await,
+            other => other,
+        }
+    }
+
+    async fn create_fork_once(&self, req: &ForkRequest) -> Result<ForkOutcome> {
         let mut tx = self.begin().await?;
         lock_channel(&mut tx, &req.source_cid).await?;
         let (kind, _) = ids::parse_cid(&req.source_cid)?;
@@ -366,13 +376,9 @@ impl Store {
             },
             members: Vec::new(),
         };
-        if let Err(e) = insert_channel_row(&mut tx, &fork_cid, &new, now).await {
-            // Another request (from another source) created the channel since we looked.
-            return match e {
-                crate::StoreError::Conflict(_) => domain(Error::input(format!("channel {fork_cid:?} already exists; fork into a new channel id")).reason("fork_target_exists")),
-                other => Err(other),
-            };
-        }
+        // A unique violation here means another request created the channel since we looked;
+        // `create_fork` looks again.
+        insert_channel_row(&mut tx, &fork_cid, &new, now).await?;
         for m in &members {
             let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
             sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")

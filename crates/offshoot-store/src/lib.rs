@@ -18,7 +18,7 @@ mod messages;
 mod rows;
 mod users;
 
-pub use channels::{ChannelFilter, MemberInput, NewChannel};
+pub use channels::{ChannelFilter, MemberInput, NewChannel, ReadState};
 pub use forks::{BackfillStep, ForkRequest, ForkOutcome};
 pub use messages::{is_visible, Page, PageDir};
 pub use users::UserInput;

@@ -253,44 +253,55 @@ impl Store {
             .bind(now)
             .execute(&mut *tx.tx)
             .await?;
-        let (m, r) = self.reaction_event(&mut tx, message_id, &user, &reaction.kind, "reaction.new").await?;
+        let (m, r) = self.reaction_event(&mut tx, message_id, &user, &reaction.kind, "reaction.new", None).await?;
         tx.commit(self).await?;
         Ok((m, r))
     }
 
     pub async fn remove_reaction(&self, message_id: &str, kind: &str, user: &User) -> Result<(Message, Reaction)> {
         let mut tx = self.begin().await?;
-        let (m, r) = self.reaction_event(&mut tx, message_id, user, kind, "reaction.deleted").await?;
-        let res = sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
-            .bind(message_id.to_string())
-            .bind(user.id.clone())
-            .bind(kind.to_string())
-            .execute(&mut *tx.tx)
-            .await?;
-        if res.rows_affected() == 0 {
-            return not_found(format!("reaction {kind:?} of user {:?} on message {message_id:?} does not exist", user.id));
-        }
-        tx.commit(self).await?;
-        let (m2, _) = self.get_message(&m.id, &Viewer::Server).await?.unwrap_or((m, false));
-        Ok((m2, r))
-    }
-
-    async fn reaction_event(&self, tx: &mut Tx, message_id: &str, user: &User, kind: &str, event: &str) -> Result<(Message, Reaction)> {
-        let Some((mut m, _)) = load_message(&mut tx.tx, message_id).await? else { return not_found(format!("message with id {message_id:?} does not exist")) };
-        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
-        let mut out = vec![m];
-        hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
-        m = out.pop().expect("one");
-        let now = time::now();
         let row: Option<AnyRow> = sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
             .bind(message_id.to_string())
             .bind(user.id.clone())
             .bind(kind.to_string())
             .fetch_optional(&mut *tx.tx)
             .await?;
-        let mut r = match row {
-            Some(row) => rows::reaction(&row)?,
-            None => Reaction { message_id: message_id.into(), user_id: user.id.clone(), kind: kind.into(), score: 1, created_at: now, updated_at: now, ..Default::default() },
+        let Some(row) = row else {
+            return not_found(format!("reaction {kind:?} of user {:?} on message {message_id:?} does not exist", user.id));
+        };
+        let removed = rows::reaction(&row)?;
+        sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
+            .bind(message_id.to_string())
+            .bind(user.id.clone())
+            .bind(kind.to_string())
+            .execute(&mut *tx.tx)
+            .await?;
+        // The event (and the answer) carry the message as it is without the reaction.
+        let (m, r) = self.reaction_event(&mut tx, message_id, user, kind, "reaction.deleted", Some(removed)).await?;
+        tx.commit(self).await?;
+        Ok((m, r))
+    }
+
+    async fn reaction_event(&self, tx: &mut Tx, message_id: &str, user: &User, kind: &str, event: &str, known: Option<Reaction>) -> Result<(Message, Reaction)> {
+        let Some((mut m, _)) = load_message(&mut tx.tx, message_id).await? else { return not_found(format!("message with id {message_id:?} does not exist")) };
+        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
+        let mut out = vec![m];
+        hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
+        m = out.pop().expect("one");
+        let now = time::now();
+        let row: Option<AnyRow> = match known {
+            Some(_) => None,
+            None => sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
+                .bind(message_id.to_string())
+                .bind(user.id.clone())
+                .bind(kind.to_string())
+                .fetch_optional(&mut *tx.tx)
+                .await?,
+        };
+        let mut r = match (known, row) {
+            (Some(r), _) => r,
+            (None, Some(row)) => rows::reaction(&row)?,
+            (None, None) => Reaction { message_id: message_id.into(), user_id: user.id.clone(), kind: kind.into(), score: 1, created_at: now, updated_at: now, ..Default::default() },
         };
         r.user = Some(user.clone());
         let mut ev = event_for(event, &ch, Some(user.clone()));
@@ -375,7 +386,7 @@ impl Store {
             .execute(&mut *tx.tx)
             .await?;
         // Replies created after the rewind point, and replies of hidden parents.
-        sqlx::query(AssertSqlSafe(format!("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND parent_id IN (SELECT id FROM message WHERE cid = $2 AND hidden_at = $1)")))
+        sqlx::query("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND parent_id IN (SELECT id FROM message WHERE cid = $2 AND hidden_at = $1)")
             .bind(now)
             .bind(cid.to_string())
             .execute(&mut *tx.tx)

@@ -1,0 +1,21 @@
+//! The black-box end-to-end suite: a real Offshoot server per test (in-process on
+//! `127.0.0.1:0`, or the `offshoot` binary for the crash test), a fresh database per test, driven
+//! over HTTP like a Stream client.
+//!
+//! Run it on both backends (the crash test needs the binary, so build it first):
+//!
+//! ```text
+//! cargo build -p offshoot
+//! OFFSHOOT_TEST_BACKEND=sqlite   cargo test -p offshoot-tests --test e2e
+//! OFFSHOOT_TEST_BACKEND=postgres cargo test -p offshoot-tests --test e2e   # OFFSHOOT_TEST_PG_URL
+//! ```
+
+mod helpers;
+
+mod auth;
+mod chat;
+mod dialects;
+mod fork;
+mod visibility;
+mod webhooks;
+mod ws;
