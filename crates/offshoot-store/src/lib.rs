@@ -6,7 +6,7 @@
 //! and boolean columns only), so every statement is written once with `$n` placeholders, which
 //! both drivers accept. The few places where the engines differ (row locks, outbox ordering,
 //! write serialisation on SQLite) branch on [`Backend`]. Two copies of every query would drift;
-//! the conformance suite (`tests/store.rs`) runs every method on both backends.
+//! the conformance suite (`tests/conformance.rs`) runs every method on both backends.
 //!
 //! This crate may depend on `offshoot-core` and sqlx; it must not depend on axum, the API, the
 //! worker or the WebSocket crates.
