@@ -103,7 +103,7 @@ impl Store {
         }
         let now = time::now();
         if let Some(old) = existing {
-            sqlx::query("UPDATE channel SET deleted_at = NULL, truncated_at = $1, custom = $2, created_by_id = $3, team = $4, updated_at = $1, created_at = $1 WHERE cid = $5")
+            sqlx::query("UPDATE channel SET deleted_at = NULL, truncated_at = $1, message_count = 0, last_message_at = NULL, custom = $2, created_by_id = $3, team = $4, updated_at = $1, created_at = $1 WHERE cid = $5")
                 .bind(now)
                 .bind(serde_json::to_string(&new.custom)?)
                 .bind(new.created_by_id.clone())

@@ -237,6 +237,7 @@ async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()>
     sqlx::query(
         "UPDATE fork SET status = $1, failed_reason = $2, updated_at = $3, \
          copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $4 AND source_message_id IS NOT NULL), \
+         total_message_count = (SELECT COUNT(*) FROM message WHERE cid = $4 AND source_message_id IS NOT NULL), \
          oldest_source_message_id = CASE WHEN truncated THEN (SELECT source_message_id FROM message WHERE cid = $4 AND source_message_id IS NOT NULL ORDER BY created_at, id LIMIT 1) ELSE NULL END \
          WHERE cid = $4",
     )
@@ -598,7 +599,7 @@ impl Store {
                 "source_message_id": s.source_message_id,
                 "fork_status": s.status.as_str(),
                 "copied_message_count": s.copied_message_count,
-                "total_message_count": s.total_message_count,
+                "total_message_count": s.total_message_count.map(|t| t.max(s.copied_message_count)),
                 "truncated": s.truncated,
             }),
             error,
