@@ -139,6 +139,7 @@ pub fn channel(d: Dialect, ch: &Channel, own_capabilities: &[&str]) -> Value {
     put_opt_ts(d, &mut o, "truncated_at", ch.truncated_at);
     if let Some(t) = &ch.truncated_by_id {
         o.insert("truncated_by_id".into(), t.clone().into());
+        o.insert("truncated_by".into(), user_or_id(d, None, t));
     }
     if let Some(f) = &ch.fork {
         o.insert("fork".into(), fork(d, f));
@@ -149,6 +150,8 @@ pub fn channel(d: Dialect, ch: &Channel, own_capabilities: &[&str]) -> Value {
             "typing_events": true, "read_events": true, "connect_events": true, "search": true,
             "reactions": true, "replies": true, "quotes": true, "mutes": true, "uploads": true,
             "url_enrichment": false, "custom_events": true, "push_notifications": true,
+            "count_messages": true, "delivery_events": false, "polls": false, "reminders": false,
+            "shared_locations": false, "mark_messages_pending": false, "skip_last_msg_update_for_system_msgs": false,
             "message_retention": "infinite", "max_message_length": c.max_message_length,
             "automod": "disabled", "automod_behavior": "flag", "commands": [],
             "created_at": d.ts(c.created_at), "updated_at": d.ts(c.updated_at),
