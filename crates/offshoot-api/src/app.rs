@@ -132,6 +132,10 @@ fn render_app(d: Dialect, s: &AppSettings, key: &str) -> Value {
         "file_upload_config": {"allowed_file_extensions": [], "blocked_file_extensions": [], "allowed_mime_types": [], "blocked_mime_types": []},
         "image_upload_config": {"allowed_file_extensions": [], "blocked_file_extensions": [], "allowed_mime_types": [], "blocked_mime_types": []},
         "video_provider": "", "suspended": false, "suspended_explanation": "", "organization": "offshoot",
+
+    });
+    // Fields getstream's AppResponseFields requires; Offshoot has no such features.
+    let absent = json!({
         "id": 1, "allow_multi_user_devices": true, "campaign_enabled": false, "cdn_expiration_seconds": 0,
         "enforce_unique_usernames": "no", "feed_audit_logs_enabled": false, "guest_user_creation_disabled": false,
         "image_moderation_enabled": false, "max_aggregated_activities_length": 0,
@@ -142,8 +146,10 @@ fn render_app(d: Dialect, s: &AppSettings, key: &str) -> Value {
         "moderation_webhook_url": "", "placement": "", "reminders_interval": 0, "use_hook_v2": false,
         "user_response_time_enabled": false, "user_search_disallowed_roles": [],
     });
-    if let Value::Object(b) = base {
-        o.extend(b);
+    for part in [base, absent] {
+        if let Value::Object(b) = part {
+            o.extend(b);
+        }
     }
     if let Some(t) = s.revoke_tokens_issued_before {
         o.insert("revoke_tokens_issued_before".into(), d.ts(t));
