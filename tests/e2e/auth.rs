@@ -7,11 +7,7 @@ use serde_json::{json, Value};
 #[tokio::test]
 async fn a_request_without_api_key_is_rejected_with_code_2() {
     let app = TestApp::spawn().await;
-    let rb = app
-        .http
-        .get(format!("{}/app", app.base))
-        .header("Authorization", app.server())
-        .header("stream-auth-type", "jwt");
+    let rb = app.http.get(format!("{}/app", app.base)).header("Authorization", app.server()).header("stream-auth-type", "jwt");
     app.send(rb).await.err(401, 2);
 }
 
@@ -38,30 +34,16 @@ async fn an_expired_user_token_is_rejected_with_code_40() {
     let app = TestApp::spawn().await;
     app.users(&["u1"]).await;
     let now = unix_secs();
-    let expired = app.token(&Claims {
-        user_id: Some("u1".into()),
-        iat: Some(now - 7200),
-        exp: Some(now - 3600),
-        ..Default::default()
-    });
+    let expired = app.token(&Claims { user_id: Some("u1".into()), iat: Some(now - 7200), exp: Some(now - 3600), ..Default::default() });
     let cid = "agent:expired";
     app.channel(cid, "u1", &["u1"]).await;
-    app.post(
-        &format!("{}/query", channel_path(cid)),
-        &expired,
-        json!({"state": true}),
-    )
-    .await
-    .err(401, 40);
+    app.post(&format!("{}/query", channel_path(cid)), &expired, json!({"state": true})).await.err(401, 40);
 }
 
 #[tokio::test]
 async fn a_request_without_a_token_is_rejected_with_code_5() {
     let app = TestApp::spawn().await;
-    let rb = app
-        .http
-        .get(app.url("/app"))
-        .header("stream-auth-type", "jwt");
+    let rb = app.http.get(app.url("/app")).header("stream-auth-type", "jwt");
     app.send(rb).await.err(401, 5);
 }
 
@@ -82,11 +64,7 @@ async fn server_tokens_with_empty_claims_and_with_server_true_are_both_server_si
 #[tokio::test]
 async fn a_bearer_prefix_is_not_how_stream_sends_tokens_but_the_raw_jwt_is_accepted() {
     let app = TestApp::spawn().await;
-    let rb = app
-        .http
-        .get(app.url("/app"))
-        .header("Authorization", app.server())
-        .header("stream-auth-type", "jwt");
+    let rb = app.http.get(app.url("/app")).header("Authorization", app.server()).header("stream-auth-type", "jwt");
     app.send(rb).await.ok();
 }
 
@@ -103,56 +81,26 @@ async fn malformed_json_is_rejected_with_code_4() {
 #[tokio::test]
 async fn a_body_of_the_wrong_shape_is_rejected_with_code_4() {
     let app = TestApp::spawn().await;
-    app.post("/users", &app.server(), json!({"users": "not a map"}))
-        .await
-        .err(400, 4);
+    app.post("/users", &app.server(), json!({"users": "not a map"})).await.err(400, 4);
 }
 
 #[tokio::test]
 async fn an_unknown_channel_type_is_an_error_with_the_envelope() {
     let app = TestApp::spawn().await;
     app.users(&["u1"]).await;
-    let r = app
-        .post(
-            "/channels/no-such-type/c1/query",
-            &app.server(),
-            json!({"data": {"created_by_id": "u1"}}),
-        )
-        .await;
-    assert!(
-        r.status == 400 || r.status == 404,
-        "an unknown channel type is a client error: {} {}",
-        r.status,
-        r.body
-    );
+    let r = app.post("/channels/no-such-type/c1/query", &app.server(), json!({"data": {"created_by_id": "u1"}})).await;
+    assert!(r.status == 400 || r.status == 404, "an unknown channel type is a client error: {} {}", r.status, r.body);
     assert_error_envelope(&r.body);
-    assert_eq!(
-        r.body["code"],
-        json!(if r.status == 400 { 4 } else { 16 }),
-        "{}",
-        r.body
-    );
+    assert_eq!(r.body["code"], json!(if r.status == 400 { 4 } else { 16 }), "{}", r.body);
 }
 
 #[tokio::test]
 async fn an_illegal_channel_id_is_rejected_with_code_4() {
     let app = TestApp::spawn().await;
     app.users(&["u1"]).await;
-    app.post(
-        "/channels/agent/has%20space/query",
-        &app.server(),
-        json!({"data": {"created_by_id": "u1"}}),
-    )
-    .await
-    .err(400, 4);
+    app.post("/channels/agent/has%20space/query", &app.server(), json!({"data": {"created_by_id": "u1"}})).await.err(400, 4);
     let long = "x".repeat(65);
-    app.post(
-        &format!("/channels/agent/{long}/query"),
-        &app.server(),
-        json!({"data": {"created_by_id": "u1"}}),
-    )
-    .await
-    .err(400, 4);
+    app.post(&format!("/channels/agent/{long}/query"), &app.server(), json!({"data": {"created_by_id": "u1"}})).await.err(400, 4);
 }
 
 #[tokio::test]
@@ -164,11 +112,7 @@ async fn a_body_over_the_size_limit_is_rejected_with_413_and_code_22() {
     // server answers and closes, and the client would see a broken pipe instead of the 413.
     let huge = "x".repeat(2 * 1024 * 1024 + 4096);
     let rb = app
-        .request(
-            reqwest::Method::POST,
-            "/channels/agent/big/message",
-            &app.server(),
-        )
+        .request(reqwest::Method::POST, "/channels/agent/big/message", &app.server())
         .json(&json!({"message": {"text": huge, "user_id": "u1"}}));
     app.send(rb).await.err(413, 22);
 }
@@ -176,9 +120,7 @@ async fn a_body_over_the_size_limit_is_rejected_with_413_and_code_22() {
 #[tokio::test]
 async fn an_unknown_resource_is_a_404_with_code_16() {
     let app = TestApp::spawn().await;
-    app.get("/messages/does-not-exist", &app.server())
-        .await
-        .err(404, 16);
+    app.get("/messages/does-not-exist", &app.server()).await.err(404, 16);
 }
 
 #[tokio::test]
@@ -193,33 +135,18 @@ async fn every_error_body_carries_the_full_envelope_and_every_success_carries_du
     // A mix of errors: each must carry the whole envelope.
     let errors: Vec<Resp> = vec![
         app.get("/messages/nope", &server).await,
-        app.post(
-            &format!("{}/query", channel_path(cid)),
-            &outsider,
-            json!({"state": true}),
-        )
-        .await,
+        app.post(&format!("{}/query", channel_path(cid)), &outsider, json!({"state": true})).await,
         app.post(
             &format!("{}/message", channel_path(cid)),
             &server,
             json!({"message": {"text": "x", "user_id": "u1", "parent_id": "nope"}}),
         )
         .await,
-        app.post(
-            &format!("{}/fork", channel_path(cid)),
-            &server,
-            json!({"channel": {"id": "f"}}),
-        )
-        .await,
+        app.post(&format!("{}/fork", channel_path(cid)), &server, json!({"channel": {"id": "f"}})).await,
         app.rewind(cid, &m, "nope", false).await,
     ];
     for r in errors {
-        assert!(
-            r.status >= 400,
-            "expected an error: {} {}",
-            r.status,
-            r.body
-        );
+        assert!(r.status >= 400, "expected an error: {} {}", r.status, r.body);
         assert_error_envelope(&r.body);
         assert_eq!(r.body["StatusCode"], json!(r.status), "{}", r.body);
     }
@@ -227,24 +154,11 @@ async fn every_error_body_carries_the_full_envelope_and_every_success_carries_du
     for r in [
         app.get("/app", &server).await,
         app.get(&format!("/messages/{m}"), &server).await,
-        app.post(
-            &format!("{}/query", channel_path(cid)),
-            &server,
-            json!({"state": true}),
-        )
-        .await,
-        app.post(
-            "/channels",
-            &server,
-            json!({"filter_conditions": {"type": "agent"}}),
-        )
-        .await,
+        app.post(&format!("{}/query", channel_path(cid)), &server, json!({"state": true})).await,
+        app.post("/channels", &server, json!({"filter_conditions": {"type": "agent"}})).await,
     ] {
         let body: Value = r.ok();
-        assert!(
-            body["duration"].as_str().is_some_and(|d| d.ends_with("ms")),
-            "{body}"
-        );
+        assert!(body["duration"].as_str().is_some_and(|d| d.ends_with("ms")), "{body}");
     }
 }
 
@@ -252,14 +166,6 @@ async fn every_error_body_carries_the_full_envelope_and_every_success_carries_du
 async fn a_user_cannot_use_server_only_endpoints() {
     let app = TestApp::spawn().await;
     app.users(&["u1"]).await;
-    app.patch("/app", &app.user("u1"), json!({"fork_enabled": false}))
-        .await
-        .err(403, 17);
-    app.put(
-        "/channeltypes/agent",
-        &app.user("u1"),
-        json!({"max_message_length": 10}),
-    )
-    .await
-    .err(403, 17);
+    app.patch("/app", &app.user("u1"), json!({"fork_enabled": false})).await.err(403, 17);
+    app.put("/channeltypes/agent", &app.user("u1"), json!({"max_message_length": 10})).await.err(403, 17);
 }

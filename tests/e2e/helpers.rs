@@ -35,11 +35,7 @@ pub enum Backend {
 }
 
 pub fn backend() -> Backend {
-    match std::env::var("OFFSHOOT_TEST_BACKEND")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
+    match std::env::var("OFFSHOOT_TEST_BACKEND").ok().as_deref().map(str::trim) {
         None | Some("") | Some("sqlite") => Backend::Sqlite,
         Some("postgres") | Some("postgresql") | Some("pg") => Backend::Postgres,
         Some(other) => panic!("OFFSHOOT_TEST_BACKEND={other:?}: use sqlite or postgres"),
@@ -53,10 +49,7 @@ fn database_url(admin_url: &str, name: &str) -> String {
         Some(q) => (&admin_url[..q], &admin_url[q..]),
         None => (admin_url, ""),
     };
-    let host_end = base[after_scheme..]
-        .find('/')
-        .map(|i| i + after_scheme)
-        .unwrap_or(base.len());
+    let host_end = base[after_scheme..].find('/').map(|i| i + after_scheme).unwrap_or(base.len());
     format!("{}/{name}{query}", &base[..host_end])
 }
 
@@ -88,10 +81,7 @@ impl TestDb {
         match backend() {
             Backend::Sqlite => {
                 let path = PathBuf::from(format!("/tmp/offshoot-test-{suffix}.db"));
-                Arc::new(TestDb {
-                    url: format!("sqlite://{}?mode=rwc", path.display()),
-                    cleanup: Cleanup::File(path),
-                })
+                Arc::new(TestDb { url: format!("sqlite://{}?mode=rwc", path.display()), cleanup: Cleanup::File(path) })
             }
             Backend::Postgres => {
                 use sqlx::Connection;
@@ -100,24 +90,14 @@ impl TestDb {
                 let _one_at_a_time = PG_CREATE.lock().await;
                 let mut conn = sqlx::PgConnection::connect(&admin_url)
                     .await
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "connecting to PostgreSQL at {admin_url} (OFFSHOOT_TEST_PG_URL): {e}"
-                        )
-                    });
+                    .unwrap_or_else(|e| panic!("connecting to PostgreSQL at {admin_url} (OFFSHOOT_TEST_PG_URL): {e}"));
                 // Another process creating a database at the same time makes PostgreSQL refuse
                 // ("template1 is being accessed by other users"): try again, a bounded number of times.
                 let mut attempt = 0;
                 loop {
-                    match sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                        .execute(&mut conn)
-                        .await
-                    {
+                    match sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await {
                         Ok(_) => break,
-                        Err(e)
-                            if attempt < 20
-                                && e.to_string().contains("being accessed by other users") =>
-                        {
+                        Err(e) if attempt < 20 && e.to_string().contains("being accessed by other users") => {
                             attempt += 1;
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
@@ -126,10 +106,7 @@ impl TestDb {
                 }
                 let _ = conn.close().await;
                 let url = database_url(&admin_url, &name);
-                Arc::new(TestDb {
-                    url,
-                    cleanup: Cleanup::Postgres { admin_url, name },
-                })
+                Arc::new(TestDb { url, cleanup: Cleanup::Postgres { admin_url, name } })
             }
         }
     }
@@ -147,20 +124,15 @@ impl Drop for TestDb {
                 // Drop may run inside a runtime: do the async work on a thread of its own.
                 let (admin_url, name) = (admin_url.clone(), name.clone());
                 let t = std::thread::spawn(move || {
-                    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    else {
+                    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
                         return;
                     };
                     rt.block_on(async move {
                         use sqlx::Connection;
                         if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url).await {
-                            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                            )))
-                            .execute(&mut conn)
-                            .await;
+                            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                                .execute(&mut conn)
+                                .await;
                             let _ = conn.close().await;
                         }
                     });
@@ -180,27 +152,16 @@ pub fn server_claims() -> Claims {
 
 pub fn user_claims(user_id: &str) -> Claims {
     let now = unix_secs();
-    Claims {
-        user_id: Some(user_id.into()),
-        iat: Some(now - 5),
-        exp: Some(now + 3600),
-        ..Default::default()
-    }
+    Claims { user_id: Some(user_id.into()), iat: Some(now - 5), exp: Some(now + 3600), ..Default::default() }
 }
 
 pub fn unix_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs() as i64
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970").as_secs() as i64
 }
 
 /// Unix nanoseconds, rounded to milliseconds.
 pub fn now_ns() -> i64 {
-    let ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos() as i64;
+    let ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970").as_nanos() as i64;
     ns - ns % 1_000_000
 }
 
@@ -221,25 +182,16 @@ pub fn ts_of(v: &Value) -> i64 {
 
 /// The documented copy id formula, computed here independently of the server's code.
 pub fn copy_id(fork_cid: &str, source_message_id: &str) -> String {
-    uuid::Uuid::new_v5(
-        &uuid::Uuid::NAMESPACE_URL,
-        format!("offshoot:fork:{fork_cid}:{source_message_id}").as_bytes(),
-    )
-    .to_string()
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, format!("offshoot:fork:{fork_cid}:{source_message_id}").as_bytes()).to_string()
 }
 
 pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    )
+    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
 }
 
 /// `agent:c1` → `/channels/agent/c1`.
 pub fn channel_path(cid: &str) -> String {
-    let (t, id) = cid
-        .split_once(':')
-        .unwrap_or_else(|| panic!("{cid:?} is not a cid"));
+    let (t, id) = cid.split_once(':').unwrap_or_else(|| panic!("{cid:?} is not a cid"));
     format!("/channels/{t}/{id}")
 }
 
@@ -258,40 +210,18 @@ impl Resp {
     /// Panics with the body unless the status is 200; returns the body.
     #[track_caller]
     pub fn ok(self) -> Value {
-        assert_eq!(
-            self.status, 200,
-            "expected 200, got {}: {}",
-            self.status, self.body
-        );
-        assert!(
-            self.body.get("duration").and_then(Value::as_str).is_some(),
-            "a success body carries duration: {}",
-            self.body
-        );
+        assert_eq!(self.status, 200, "expected 200, got {}: {}", self.status, self.body);
+        assert!(self.body.get("duration").and_then(Value::as_str).is_some(), "a success body carries duration: {}", self.body);
         self.body
     }
 
     /// Asserts Stream's error envelope with this HTTP status and code; returns the body.
     #[track_caller]
     pub fn err(self, status: u16, code: i64) -> Value {
-        assert_eq!(
-            self.status, status,
-            "expected HTTP {status}, got {}: {}",
-            self.status, self.body
-        );
+        assert_eq!(self.status, status, "expected HTTP {status}, got {}: {}", self.status, self.body);
         assert_error_envelope(&self.body);
-        assert_eq!(
-            self.body["code"],
-            json!(code),
-            "expected code {code}: {}",
-            self.body
-        );
-        assert_eq!(
-            self.body["StatusCode"],
-            json!(status),
-            "StatusCode mirrors the HTTP status: {}",
-            self.body
-        );
+        assert_eq!(self.body["code"], json!(code), "expected code {code}: {}", self.body);
+        assert_eq!(self.body["StatusCode"], json!(status), "StatusCode mirrors the HTTP status: {}", self.body);
         self.body
     }
 
@@ -299,11 +229,7 @@ impl Resp {
     #[track_caller]
     pub fn err_reason(self, status: u16, code: i64, reason: &str) -> Value {
         let body = self.err(status, code);
-        assert_eq!(
-            body["exception_fields"]["reason"],
-            json!(reason),
-            "expected reason {reason:?}: {body}"
-        );
+        assert_eq!(body["exception_fields"]["reason"], json!(reason), "expected reason {reason:?}: {body}");
         body
     }
 }
@@ -312,25 +238,13 @@ impl Resp {
 #[track_caller]
 pub fn assert_error_envelope(body: &Value) {
     assert!(body["code"].is_i64(), "error code is an integer: {body}");
-    assert!(
-        body["message"].is_string(),
-        "error message is a string: {body}"
-    );
-    assert!(
-        body["StatusCode"].is_i64(),
-        "StatusCode is an integer: {body}"
-    );
+    assert!(body["message"].is_string(), "error message is a string: {body}");
+    assert!(body["StatusCode"].is_i64(), "StatusCode is an integer: {body}");
     assert!(body["duration"].is_string(), "duration is a string: {body}");
-    assert!(
-        body["more_info"].is_string(),
-        "more_info is a string: {body}"
-    );
+    assert!(body["more_info"].is_string(), "more_info is a string: {body}");
     assert!(body["details"].is_array(), "details is a list: {body}");
     if let Some(f) = body.get("exception_fields") {
-        assert!(
-            f.is_object() && f.as_object().unwrap().values().all(Value::is_string),
-            "exception_fields maps strings to strings: {body}"
-        );
+        assert!(f.is_object() && f.as_object().unwrap().values().all(Value::is_string), "exception_fields maps strings to strings: {body}");
     }
 }
 
@@ -344,12 +258,8 @@ pub fn ids(messages: &Value) -> Vec<String> {
 }
 
 pub fn member_ids(state: &Value) -> Vec<String> {
-    let mut v: Vec<String> = state["members"]
-        .as_array()
-        .expect("members")
-        .iter()
-        .map(|m| m["user_id"].as_str().expect("user_id").to_string())
-        .collect();
+    let mut v: Vec<String> =
+        state["members"].as_array().expect("members").iter().map(|m| m["user_id"].as_str().expect("user_id").to_string()).collect();
     v.sort();
     v
 }
@@ -367,17 +277,8 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: String) -> Client {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .pool_max_idle_per_host(64)
-            .build()
-            .expect("http client");
-        Client {
-            base,
-            http,
-            api_key: API_KEY.into(),
-            api_secret: API_SECRET.into(),
-        }
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).pool_max_idle_per_host(64).build().expect("http client");
+        Client { base, http, api_key: API_KEY.into(), api_secret: API_SECRET.into() }
     }
 
     pub fn token(&self, claims: &Claims) -> String {
@@ -391,10 +292,7 @@ impl Client {
 
     /// JS / stream-chat's server token: `{"server": true}`.
     pub fn server_flag(&self) -> String {
-        self.token(&Claims {
-            server: Some(true),
-            ..Default::default()
-        })
+        self.token(&Claims { server: Some(true), ..Default::default() })
     }
 
     pub fn user(&self, user_id: &str) -> String {
@@ -408,16 +306,8 @@ impl Client {
     }
 
     /// A request with Stream's headers (`Authorization: <jwt>`, `stream-auth-type: jwt`).
-    pub fn request(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        token: &str,
-    ) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, self.url(path))
-            .header("Authorization", token)
-            .header("stream-auth-type", "jwt")
+    pub fn request(&self, method: reqwest::Method, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(path)).header("Authorization", token).header("stream-auth-type", "jwt")
     }
 
     pub async fn send(&self, rb: reqwest::RequestBuilder) -> Resp {
@@ -427,19 +317,12 @@ impl Client {
         let body = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| json!({"_raw": String::from_utf8_lossy(&bytes)}))
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({"_raw": String::from_utf8_lossy(&bytes)}))
         };
         Resp { status, body }
     }
 
-    pub async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        token: &str,
-        body: Option<Value>,
-    ) -> Resp {
+    pub async fn call(&self, method: reqwest::Method, path: &str, token: &str, body: Option<Value>) -> Resp {
         let mut rb = self.request(method, path, token);
         if let Some(b) = body {
             rb = rb.json(&b);
@@ -448,16 +331,13 @@ impl Client {
     }
 
     pub async fn post(&self, path: &str, token: &str, body: Value) -> Resp {
-        self.call(reqwest::Method::POST, path, token, Some(body))
-            .await
+        self.call(reqwest::Method::POST, path, token, Some(body)).await
     }
     pub async fn put(&self, path: &str, token: &str, body: Value) -> Resp {
-        self.call(reqwest::Method::PUT, path, token, Some(body))
-            .await
+        self.call(reqwest::Method::PUT, path, token, Some(body)).await
     }
     pub async fn patch(&self, path: &str, token: &str, body: Value) -> Resp {
-        self.call(reqwest::Method::PATCH, path, token, Some(body))
-            .await
+        self.call(reqwest::Method::PATCH, path, token, Some(body)).await
     }
     pub async fn get(&self, path: &str, token: &str) -> Resp {
         self.call(reqwest::Method::GET, path, token, None).await
@@ -471,13 +351,7 @@ impl Client {
     pub async fn wait_healthy(&self, mut alive: impl FnMut() -> Result<(), String>) {
         let deadline = Instant::now() + WAIT;
         loop {
-            if let Ok(r) = self
-                .http
-                .get(format!("{}/healthz", self.base))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-            {
+            if let Ok(r) = self.http.get(format!("{}/healthz", self.base)).timeout(Duration::from_secs(2)).send().await {
                 if r.status().as_u16() == 200 {
                     return;
                 }
@@ -485,10 +359,7 @@ impl Client {
             if let Err(e) = alive() {
                 panic!("the server stopped before it was healthy: {e}");
             }
-            assert!(
-                Instant::now() < deadline,
-                "GET /healthz did not answer 200 within {WAIT:?}"
-            );
+            assert!(Instant::now() < deadline, "GET /healthz did not answer 200 within {WAIT:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -498,51 +369,27 @@ impl Client {
     /// Upserts users with role `user` (100 per request, Stream's limit).
     pub async fn users(&self, ids: &[&str]) {
         for chunk in ids.chunks(100) {
-            let users: Map<String, Value> = chunk
-                .iter()
-                .map(|id| (id.to_string(), json!({"id": id})))
-                .collect();
-            self.post("/users", &self.server(), json!({ "users": users }))
-                .await
-                .ok();
+            let users: Map<String, Value> = chunk.iter().map(|id| (id.to_string(), json!({"id": id}))).collect();
+            self.post("/users", &self.server(), json!({ "users": users })).await.ok();
         }
     }
 
     pub async fn user_with_role(&self, id: &str, role: &str) {
-        self.post(
-            "/users",
-            &self.server(),
-            json!({"users": {id: {"id": id, "role": role}}}),
-        )
-        .await
-        .ok();
+        self.post("/users", &self.server(), json!({"users": {id: {"id": id, "role": role}}})).await.ok();
     }
 
     /// Get-or-create `cid` (server-side) created by `creator` with `members`; returns the state.
     pub async fn channel(&self, cid: &str, creator: &str, members: &[&str]) -> Value {
-        self.channel_with(cid, json!({"created_by_id": creator, "members": members}))
-            .await
+        self.channel_with(cid, json!({"created_by_id": creator, "members": members})).await
     }
 
     pub async fn channel_with(&self, cid: &str, data: Value) -> Value {
-        self.post(
-            &format!("{}/query", channel_path(cid)),
-            &self.server(),
-            json!({"data": data, "state": true}),
-        )
-        .await
-        .ok()
+        self.post(&format!("{}/query", channel_path(cid)), &self.server(), json!({"data": data, "state": true})).await.ok()
     }
 
     /// The channel state as the server sees it, with up to `limit` messages.
     pub async fn state(&self, cid: &str, limit: i64) -> Value {
-        self.post(
-            &format!("{}/query", channel_path(cid)),
-            &self.server(),
-            json!({"state": true, "messages": {"limit": limit}}),
-        )
-        .await
-        .ok()
+        self.post(&format!("{}/query", channel_path(cid)), &self.server(), json!({"state": true, "messages": {"limit": limit}})).await.ok()
     }
 
     /// Every message of the channel's main list as the server sees it, oldest first.
@@ -554,14 +401,8 @@ impl Client {
             if let Some(b) = &before {
                 page["id_lt"] = json!(b);
             }
-            let st = self
-                .post(
-                    &format!("{}/query", channel_path(cid)),
-                    &self.server(),
-                    json!({"state": true, "messages": page}),
-                )
-                .await
-                .ok();
+            let st =
+                self.post(&format!("{}/query", channel_path(cid)), &self.server(), json!({"state": true, "messages": page})).await.ok();
             let msgs = st["messages"].as_array().expect("messages").clone();
             if msgs.is_empty() {
                 break;
@@ -579,53 +420,38 @@ impl Client {
     /// Sends `message` (a message object; `user_id` must be in it) server-side; returns the
     /// message as stored.
     pub async fn send_message(&self, cid: &str, message: Value) -> Value {
-        self.post(
-            &format!("{}/message", channel_path(cid)),
-            &self.server(),
-            json!({ "message": message }),
-        )
-        .await
-        .ok()["message"]
-            .clone()
+        self.post(&format!("{}/message", channel_path(cid)), &self.server(), json!({ "message": message })).await.ok()["message"].clone()
     }
 
     /// Sends a text message; returns its id.
     pub async fn say(&self, cid: &str, user: &str, text: &str) -> String {
-        self.send_message(cid, json!({"text": text, "user_id": user}))
-            .await["id"]
+        self.send_message(cid, json!({"text": text, "user_id": user})).await["id"].as_str().expect("id").to_string()
+    }
+
+    /// Sends a message with a chosen id and server-side `created_at`.
+    pub async fn say_at(&self, cid: &str, user: &str, id: &str, at_ns: i64) -> String {
+        self.send_message(cid, json!({"id": id, "text": format!("text of {id}"), "user_id": user, "created_at": rfc3339(at_ns)})).await
+            ["id"]
             .as_str()
             .expect("id")
             .to_string()
     }
 
-    /// Sends a message with a chosen id and server-side `created_at`.
-    pub async fn say_at(&self, cid: &str, user: &str, id: &str, at_ns: i64) -> String {
-        self.send_message(cid, json!({"id": id, "text": format!("text of {id}"), "user_id": user, "created_at": rfc3339(at_ns)})).await["id"].as_str().expect("id").to_string()
-    }
-
     /// A reply (not shown in the channel) with a chosen id and `created_at`.
-    pub async fn reply_at(
-        &self,
-        cid: &str,
-        user: &str,
-        parent: &str,
-        id: &str,
-        at_ns: i64,
-    ) -> String {
-        self.send_message(cid, json!({"id": id, "text": format!("reply {id}"), "user_id": user, "parent_id": parent, "created_at": rfc3339(at_ns)})).await["id"].as_str().expect("id").to_string()
+    pub async fn reply_at(&self, cid: &str, user: &str, parent: &str, id: &str, at_ns: i64) -> String {
+        self.send_message(
+            cid,
+            json!({"id": id, "text": format!("reply {id}"), "user_id": user, "parent_id": parent, "created_at": rfc3339(at_ns)}),
+        )
+        .await["id"]
+            .as_str()
+            .expect("id")
+            .to_string()
     }
 
     /// `n` top-level messages `{prefix}-{i:05}` one millisecond apart from `start_ns`, sent
     /// `concurrency` at a time; returns their ids oldest first.
-    pub async fn seed(
-        &self,
-        cid: &str,
-        user: &str,
-        prefix: &str,
-        n: usize,
-        start_ns: i64,
-        concurrency: usize,
-    ) -> Vec<String> {
+    pub async fn seed(&self, cid: &str, user: &str, prefix: &str, n: usize, start_ns: i64, concurrency: usize) -> Vec<String> {
         let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
         let messages = ids
             .iter()
@@ -653,34 +479,24 @@ impl Client {
         }
     }
 
-    pub async fn rewind(
-        &self,
-        cid: &str,
-        message_id: &str,
-        expected_last: &str,
-        inclusive: bool,
-    ) -> Resp {
-        self.post(&format!("{}/rewind", channel_path(cid)), &self.server(), json!({"message_id": message_id, "expected_last_message_id": expected_last, "inclusive": inclusive})).await
+    pub async fn rewind(&self, cid: &str, message_id: &str, expected_last: &str, inclusive: bool) -> Resp {
+        self.post(
+            &format!("{}/rewind", channel_path(cid)),
+            &self.server(),
+            json!({"message_id": message_id, "expected_last_message_id": expected_last, "inclusive": inclusive}),
+        )
+        .await
     }
 
     // --- fork ---------------------------------------------------------------------------------
 
     /// `POST {source}/fork` server-side with `message_id` and `channel.id`.
     pub async fn fork(&self, source_cid: &str, message_id: &str, target_id: &str) -> Resp {
-        self.fork_with(
-            source_cid,
-            json!({"message_id": message_id, "channel": {"id": target_id}}),
-        )
-        .await
+        self.fork_with(source_cid, json!({"message_id": message_id, "channel": {"id": target_id}})).await
     }
 
     pub async fn fork_with(&self, source_cid: &str, body: Value) -> Resp {
-        self.post(
-            &format!("{}/fork", channel_path(source_cid)),
-            &self.server(),
-            body,
-        )
-        .await
+        self.post(&format!("{}/fork", channel_path(source_cid)), &self.server(), body).await
     }
 
     /// The fork summary of `cid` (`channel.fork`) as a channel query shows it.
@@ -701,21 +517,13 @@ impl Client {
             if f["status"] != json!("backfilling") {
                 return f;
             }
-            assert!(
-                Instant::now() < deadline,
-                "fork {cid} still backfilling after {wait:?}: {f}"
-            );
+            assert!(Instant::now() < deadline, "fork {cid} still backfilling after {wait:?}: {f}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     pub async fn lookup(&self, fork_cid: &str, token: &str, source_ids: &[String]) -> Resp {
-        self.post(
-            &format!("{}/fork/message_ids", channel_path(fork_cid)),
-            token,
-            json!({"source_message_ids": source_ids}),
-        )
-        .await
+        self.post(&format!("{}/fork/message_ids", channel_path(fork_cid)), token, json!({"source_message_ids": source_ids})).await
     }
 }
 
@@ -751,35 +559,19 @@ impl TestApp {
     /// A fork whose backfill does not start until [`TestApp::start_worker`]: every role but the
     /// worker.
     pub async fn spawn_without_worker() -> TestApp {
-        Self::spawn_with(|c| {
-            c.roles = offshoot::Roles {
-                api: true,
-                ws: true,
-                worker: false,
-            }
-        })
-        .await
+        Self::spawn_with(|c| c.roles = offshoot::Roles { api: true, ws: true, worker: false }).await
     }
 
     /// Another server on the same database running only the worker role (it lives as long as
     /// the returned value).
     pub async fn start_worker(&self) -> TestApp {
-        Self::spawn_on(self.db.clone(), |c| {
-            c.roles = offshoot::Roles {
-                api: false,
-                ws: false,
-                worker: true,
-            }
-        })
-        .await
+        Self::spawn_on(self.db.clone(), |c| c.roles = offshoot::Roles { api: false, ws: false, worker: true }).await
     }
 
     /// A server on `db` (shared with other servers of the same test).
     pub async fn spawn_on(db: Arc<TestDb>, tweak: impl FnOnce(&mut offshoot::Config)) -> TestApp {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        listener
-            .set_nonblocking(true)
-            .expect("non-blocking listener");
+        listener.set_nonblocking(true).expect("non-blocking listener");
         let addr = listener.local_addr().expect("local addr");
         let mut config = offshoot::Config {
             listen: addr.to_string(),
@@ -797,14 +589,9 @@ impl TestApp {
         std::thread::Builder::new()
             .name(format!("offshoot-{}", addr.port()))
             .spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .expect("server runtime");
+                let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("server runtime");
                 let result = rt.block_on(async move {
-                    let listener =
-                        tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
                     offshoot::run(listener, config, s).await
                 });
                 drop(rt);
@@ -823,12 +610,7 @@ impl TestApp {
                 Err(mpsc::TryRecvError::Disconnected) => Err("the server thread ended".into()),
             })
             .await;
-        TestApp {
-            client,
-            db,
-            shutdown,
-            done,
-        }
+        TestApp { client, db, shutdown, done }
     }
 }
 
@@ -846,16 +628,9 @@ impl Drop for TestApp {
 /// The `offshoot` binary next to the test executable's directory (`target/debug/offshoot`).
 pub fn binary_path() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/debug");
+    let dir = exe.parent().and_then(|deps| deps.parent()).expect("target/debug");
     let bin = dir.join("offshoot");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first with `cargo build -p offshoot`",
-        bin.display()
-    );
+    assert!(bin.exists(), "{} is missing: build it first with `cargo build -p offshoot`", bin.display());
     bin
 }
 
@@ -879,10 +654,7 @@ impl ServerProcess {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
             l.local_addr().expect("addr").port()
         };
-        let log = PathBuf::from(format!(
-            "/tmp/offshoot-test-{}.log",
-            uuid::Uuid::new_v4().simple()
-        ));
+        let log = PathBuf::from(format!("/tmp/offshoot-test-{}.log", uuid::Uuid::new_v4().simple()));
         let log_file = std::fs::File::create(&log).expect("log file");
         let mut cmd = std::process::Command::new(binary_path());
         cmd.arg("serve")
@@ -902,10 +674,7 @@ impl ServerProcess {
         client
             .wait_healthy(|| match child.try_wait() {
                 Ok(None) => Ok(()),
-                Ok(Some(status)) => Err(format!(
-                    "exited with {status}; log: {}",
-                    std::fs::read_to_string(&log2).unwrap_or_default()
-                )),
+                Ok(Some(status)) => Err(format!("exited with {status}; log: {}", std::fs::read_to_string(&log2).unwrap_or_default())),
                 Err(e) => Err(e.to_string()),
             })
             .await;

@@ -24,10 +24,7 @@ struct Hook {
 
 impl Hook {
     fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_else(|| panic!("header {name} is missing: {:?}", self.headers))
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_else(|| panic!("header {name} is missing: {:?}", self.headers))
     }
 }
 
@@ -41,11 +38,7 @@ struct Receiver {
 
 async fn receive(State(r): State<Receiver>, headers: HeaderMap, raw: Bytes) -> StatusCode {
     let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-    let id = headers
-        .get("x-webhook-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
+    let id = headers.get("x-webhook-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let first_time = r.ids.lock().expect("ids").insert(id);
     let _ = r.seen.send(Hook { headers, raw, body });
     if r.fail_first && first_time {
@@ -58,17 +51,9 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, raw: Bytes) -> S
 /// A webhook receiver on `127.0.0.1:0`; returns its URL and what it receives.
 async fn receiver(fail_first: bool) -> (String, mpsc::UnboundedReceiver<Hook>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let state = Receiver {
-        seen: tx,
-        fail_first,
-        ids: Arc::default(),
-    };
-    let app = axum::Router::new()
-        .route("/hook", axum::routing::post(receive))
-        .with_state(state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind the receiver");
+    let state = Receiver { seen: tx, fail_first, ids: Arc::default() };
+    let app = axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the receiver");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
@@ -77,12 +62,7 @@ async fn receiver(fail_first: bool) -> (String, mpsc::UnboundedReceiver<Hook>) {
 }
 
 /// The first request matching `pred` (others are kept in `log`), within a bounded time.
-async fn next_hook(
-    rx: &mut mpsc::UnboundedReceiver<Hook>,
-    log: &mut Vec<Hook>,
-    what: &str,
-    pred: impl Fn(&Hook) -> bool,
-) -> Hook {
+async fn next_hook(rx: &mut mpsc::UnboundedReceiver<Hook>, log: &mut Vec<Hook>, what: &str, pred: impl Fn(&Hook) -> bool) -> Hook {
     let deadline = Instant::now() + WAIT;
     loop {
         let hook = tokio::time::timeout_at(deadline, rx.recv())
@@ -101,8 +81,7 @@ fn is_message_new(id: &str) -> impl Fn(&Hook) -> bool + '_ {
 }
 
 fn signature(body: &[u8]) -> String {
-    let mut mac =
-        <Hmac<Sha256> as KeyInit>::new_from_slice(API_SECRET.as_bytes()).expect("any key length");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(API_SECRET.as_bytes()).expect("any key length");
     mac.update(body);
     hex::encode(mac.finalize().into_bytes())
 }
@@ -111,9 +90,7 @@ fn signature(body: &[u8]) -> String {
 async fn a_message_new_webhook_is_signed_with_the_api_secret_and_carries_streams_headers() {
     let app = TestApp::spawn().await;
     let (url, mut rx) = receiver(false).await;
-    app.patch("/app", &app.server(), json!({"webhook_url": url}))
-        .await
-        .ok();
+    app.patch("/app", &app.server(), json!({"webhook_url": url})).await.ok();
     app.users(&["u1"]).await;
     let cid = "agent:hooked";
     app.channel(cid, "u1", &["u1"]).await;
@@ -122,40 +99,21 @@ async fn a_message_new_webhook_is_signed_with_the_api_secret_and_carries_streams
 
     let mut log = Vec::new();
     let hook = next_hook(&mut rx, &mut log, "message.new", is_message_new(&m)).await;
-    assert_eq!(
-        hook.header("x-signature"),
-        signature(&hook.raw),
-        "X-Signature is the hex HMAC-SHA256 of the raw body"
-    );
+    assert_eq!(hook.header("x-signature"), signature(&hook.raw), "X-Signature is the hex HMAC-SHA256 of the raw body");
     assert_eq!(hook.header("x-api-key"), API_KEY);
     assert_eq!(hook.header("x-webhook-attempt"), "1");
-    assert!(
-        uuid::Uuid::parse_str(hook.header("x-webhook-id")).is_ok(),
-        "X-Webhook-Id is a UUID: {:?}",
-        hook.headers
-    );
+    assert!(uuid::Uuid::parse_str(hook.header("x-webhook-id")).is_ok(), "X-Webhook-Id is a UUID: {:?}", hook.headers);
     assert!(hook.header("content-type").starts_with("application/json"));
     assert_eq!(hook.body["cid"], json!(cid), "{}", hook.body);
-    assert_eq!(
-        hook.body["message"]["text"],
-        json!("ping the hook"),
-        "{}",
-        hook.body
-    );
-    assert!(
-        hook.body["created_at"].is_string(),
-        "webhooks use the legacy dialect by default: {}",
-        hook.body
-    );
+    assert_eq!(hook.body["message"]["text"], json!("ping the hook"), "{}", hook.body);
+    assert!(hook.body["created_at"].is_string(), "webhooks use the legacy dialect by default: {}", hook.body);
 }
 
 #[tokio::test]
 async fn a_delivery_answered_with_500_is_retried_with_the_same_webhook_id_and_a_higher_attempt() {
     let app = TestApp::spawn().await;
     let (url, mut rx) = receiver(true).await;
-    app.patch("/app", &app.server(), json!({"webhook_url": url}))
-        .await
-        .ok();
+    app.patch("/app", &app.server(), json!({"webhook_url": url})).await.ok();
     app.users(&["u1"]).await;
     let cid = "agent:retried";
     app.channel(cid, "u1", &["u1"]).await;
@@ -166,17 +124,8 @@ async fn a_delivery_answered_with_500_is_retried_with_the_same_webhook_id_and_a_
     let first = next_hook(&mut rx, &mut log, "message.new", is_message_new(&m)).await;
     assert_eq!(first.header("x-webhook-attempt"), "1");
     let id = first.header("x-webhook-id").to_string();
-    let second = next_hook(&mut rx, &mut log, "retry", |h| {
-        h.headers
-            .get("x-webhook-id")
-            .is_some_and(|v| v == id.as_str())
-    })
-    .await;
-    assert_eq!(
-        second.header("x-webhook-attempt"),
-        "2",
-        "the retry counts its attempt"
-    );
+    let second = next_hook(&mut rx, &mut log, "retry", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    assert_eq!(second.header("x-webhook-attempt"), "2", "the retry counts its attempt");
     assert_eq!(second.raw, first.raw, "a retry sends the same body");
     assert_eq!(second.header("x-signature"), signature(&second.raw));
 }
@@ -186,51 +135,28 @@ async fn event_hooks_deliver_only_the_event_types_they_name() {
     let app = TestApp::spawn().await;
     let (url, mut rx) = receiver(false).await;
     let hooks = json!([{"hook_type": "webhook", "enabled": true, "webhook_url": url, "event_types": ["message.new"]}]);
-    app.patch("/app", &app.server(), json!({"event_hooks": hooks}))
-        .await
-        .ok();
+    app.patch("/app", &app.server(), json!({"event_hooks": hooks})).await.ok();
     app.users(&["u1"]).await;
     let cid = "agent:filtered";
     app.channel(cid, "u1", &["u1"]).await;
 
     let first = app.say(cid, "u1", "one").await;
     let mut log = Vec::new();
-    next_hook(
-        &mut rx,
-        &mut log,
-        "for the first message",
-        is_message_new(&first),
-    )
-    .await;
+    next_hook(&mut rx, &mut log, "for the first message", is_message_new(&first)).await;
     // A channel.created queued with or before the first message would have arrived by the time
     // a message sent after it does.
     let second = app.say(cid, "u1", "two").await;
-    next_hook(
-        &mut rx,
-        &mut log,
-        "for the second message",
-        is_message_new(&second),
-    )
-    .await;
+    next_hook(&mut rx, &mut log, "for the second message", is_message_new(&second)).await;
 
     let types: Vec<&Value> = log.iter().map(|h| &h.body["type"]).collect();
-    assert!(
-        types.iter().all(|t| **t == json!("message.new")),
-        "only message.new is delivered: {types:?}"
-    );
+    assert!(types.iter().all(|t| **t == json!("message.new")), "only message.new is delivered: {types:?}");
 }
 
 #[tokio::test]
 async fn the_v2_webhook_dialect_sends_nanosecond_timestamps() {
     let app = TestApp::spawn().await;
     let (url, mut rx) = receiver(false).await;
-    app.patch(
-        "/app",
-        &app.server(),
-        json!({"webhook_url": url, "webhook_dialect": "v2"}),
-    )
-    .await
-    .ok();
+    app.patch("/app", &app.server(), json!({"webhook_url": url, "webhook_dialect": "v2"})).await.ok();
     app.users(&["u1"]).await;
     let cid = "agent:hookv2";
     app.channel(cid, "u1", &["u1"]).await;

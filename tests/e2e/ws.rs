@@ -25,15 +25,8 @@ async fn connect_legacy(app: &TestApp, user: &str, token: &str, auth_type: &str)
     connect_legacy_with(app, user, json!({"id": user}), token, auth_type).await
 }
 
-async fn connect_legacy_with(
-    app: &TestApp,
-    user: &str,
-    details: Value,
-    token: &str,
-    auth_type: &str,
-) -> (Ws, Value) {
-    let json_param =
-        json!({"user_id": user, "user_details": details, "client_request_id": "r1"}).to_string();
+async fn connect_legacy_with(app: &TestApp, user: &str, details: Value, token: &str, auth_type: &str) -> (Ws, Value) {
+    let json_param = json!({"user_id": user, "user_details": details, "client_request_id": "r1"}).to_string();
     let url = reqwest::Url::parse_with_params(
         &format!("{}/connect", ws_base(app)),
         &[
@@ -45,9 +38,7 @@ async fn connect_legacy_with(
         ],
     )
     .expect("a valid url");
-    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
-        .await
-        .expect("the websocket handshake succeeds");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("the websocket handshake succeeds");
     let first = next_json(&mut ws).await;
     (ws, first)
 }
@@ -55,40 +46,24 @@ async fn connect_legacy_with(
 /// Connects `user` with a user token; returns the socket and its connection id.
 async fn connect_user(app: &TestApp, user: &str) -> (Ws, String) {
     let (ws, first) = connect_legacy(app, user, &app.user(user), "jwt").await;
-    assert_eq!(
-        first["type"],
-        json!("health.check"),
-        "the first frame of an accepted connection: {first}"
-    );
-    let id = first["connection_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("connection_id in {first}"))
-        .to_string();
+    assert_eq!(first["type"], json!("health.check"), "the first frame of an accepted connection: {first}");
+    let id = first["connection_id"].as_str().unwrap_or_else(|| panic!("connection_id in {first}")).to_string();
     (ws, id)
 }
 
 /// Subscribes a connection to `cid` as JS `channel.watch()` does.
 async fn watch(app: &TestApp, cid: &str, user: &str, connection_id: &str) -> Value {
-    app.post(
-        &format!("{}/query?connection_id={connection_id}", channel_path(cid)),
-        &app.user(user),
-        json!({"watch": true, "state": true}),
-    )
-    .await
-    .ok()
+    app.post(&format!("{}/query?connection_id={connection_id}", channel_path(cid)), &app.user(user), json!({"watch": true, "state": true}))
+        .await
+        .ok()
 }
 
 /// The next JSON text frame (bounded wait); panics on close or timeout.
 async fn next_json(ws: &mut Ws) -> Value {
     loop {
-        let frame = tokio::time::timeout(FRAME_WAIT, ws.next())
-            .await
-            .unwrap_or_else(|_| panic!("no frame within {FRAME_WAIT:?}"));
+        let frame = tokio::time::timeout(FRAME_WAIT, ws.next()).await.unwrap_or_else(|_| panic!("no frame within {FRAME_WAIT:?}"));
         match frame {
-            Some(Ok(Message::Text(t))) => {
-                return serde_json::from_str(t.as_str())
-                    .unwrap_or_else(|e| panic!("a JSON frame ({e}): {t}"))
-            }
+            Some(Ok(Message::Text(t))) => return serde_json::from_str(t.as_str()).unwrap_or_else(|e| panic!("a JSON frame ({e}): {t}")),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             other => panic!("expected a text frame, got {other:?}"),
         }
@@ -111,16 +86,10 @@ async fn next_event(ws: &mut Ws, kind: &str) -> Value {
 async fn expect_close_1000(ws: &mut Ws) {
     let deadline = Instant::now() + FRAME_WAIT;
     loop {
-        let frame = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .expect("the server closes the rejected connection");
+        let frame = tokio::time::timeout_at(deadline, ws.next()).await.expect("the server closes the rejected connection");
         match frame {
             Some(Ok(Message::Close(Some(f)))) => {
-                assert_eq!(
-                    u16::from(f.code),
-                    1000,
-                    "a rejected connection closes with 1000: {f:?}"
-                );
+                assert_eq!(u16::from(f.code), 1000, "a rejected connection closes with 1000: {f:?}");
                 return;
             }
             Some(Ok(Message::Close(None))) => panic!("the close frame carries code 1000"),
@@ -137,16 +106,8 @@ async fn a_client_connects_with_a_user_token_and_gets_health_check_with_connecti
     let (_ws, first) = connect_legacy(&app, "alice", &app.user("alice"), "jwt").await;
     assert_eq!(first["type"], json!("health.check"), "{first}");
     assert_eq!(first["cid"], json!("*"), "{first}");
-    assert!(
-        first["connection_id"]
-            .as_str()
-            .is_some_and(|c| !c.is_empty()),
-        "{first}"
-    );
-    assert!(
-        first["created_at"].is_string(),
-        "legacy timestamps are RFC 3339: {first}"
-    );
+    assert!(first["connection_id"].as_str().is_some_and(|c| !c.is_empty()), "{first}");
+    assert!(first["created_at"].is_string(), "legacy timestamps are RFC 3339: {first}");
     let me = &first["me"];
     assert_eq!(me["id"], json!("alice"), "{first}");
     for key in ["total_unread_count", "unread_channels"] {
@@ -163,11 +124,9 @@ async fn every_client_heartbeat_is_answered_with_a_health_check_carrying_the_con
     app.users(&["alice"]).await;
     let (mut ws, id) = connect_user(&app, "alice").await;
     for n in 0..2 {
-        ws.send(Message::text(
-            json!([{"type": "health.check", "client_id": format!("alice--{n}")}]).to_string(),
-        ))
-        .await
-        .expect("send a heartbeat");
+        ws.send(Message::text(json!([{"type": "health.check", "client_id": format!("alice--{n}")}]).to_string()))
+            .await
+            .expect("send a heartbeat");
         let pong = next_event(&mut ws, "health.check").await;
         assert_eq!(pong["connection_id"], json!(id), "{pong}");
     }
@@ -189,20 +148,10 @@ async fn a_watching_client_receives_message_new_when_a_message_is_sent_server_si
     assert_eq!(ev["channel_type"], json!("agent"), "{ev}");
     assert_eq!(ev["channel_id"], json!("wsnew"), "{ev}");
     assert_eq!(ev["message_id"], json!(m), "{ev}");
-    assert_eq!(
-        ev["message"]["text"],
-        json!("hello over the socket"),
-        "{ev}"
-    );
+    assert_eq!(ev["message"]["text"], json!("hello over the socket"), "{ev}");
     assert_eq!(ev["message"]["user"]["id"], json!("bob"), "{ev}");
-    assert!(
-        ev["watcher_count"].as_i64().is_some_and(|n| n >= 1),
-        "message.new carries watcher_count: {ev}"
-    );
-    assert!(
-        ev["created_at"].is_string(),
-        "legacy events carry RFC 3339 timestamps: {ev}"
-    );
+    assert!(ev["watcher_count"].as_i64().is_some_and(|n| n >= 1), "message.new carries watcher_count: {ev}");
+    assert!(ev["created_at"].is_string(), "legacy events carry RFC 3339 timestamps: {ev}");
 }
 
 #[tokio::test]
@@ -220,11 +169,7 @@ async fn a_client_that_does_not_watch_the_channel_does_not_receive_its_messages(
 
     // Events reach a connection in outbox order: had the first one come, it would come first.
     let ev = next_event(&mut ws, "message.new").await;
-    assert_eq!(
-        ev["message_id"],
-        json!(m),
-        "only the watched channel's message arrives: {ev}"
-    );
+    assert_eq!(ev["message_id"], json!(m), "only the watched channel's message arrives: {ev}");
 }
 
 #[tokio::test]
@@ -233,13 +178,7 @@ async fn a_shadowed_message_is_pushed_to_its_author_only() {
     app.users(&["alice", "ghost"]).await;
     let cid = "agent:wsshadow";
     app.channel(cid, "alice", &["alice", "ghost"]).await;
-    app.post(
-        "/moderation/ban",
-        &app.server(),
-        json!({"target_user_id": "ghost", "shadow": true}),
-    )
-    .await
-    .ok();
+    app.post("/moderation/ban", &app.server(), json!({"target_user_id": "ghost", "shadow": true})).await.ok();
     let (mut alice, a) = connect_user(&app, "alice").await;
     let (mut ghost, g) = connect_user(&app, "ghost").await;
     watch(&app, cid, "alice", &a).await;
@@ -249,17 +188,9 @@ async fn a_shadowed_message_is_pushed_to_its_author_only() {
     let visible = app.say(cid, "alice", "anyone there?").await;
 
     let seen_by_ghost = next_event(&mut ghost, "message.new").await;
-    assert_eq!(
-        seen_by_ghost["message_id"],
-        json!(boo),
-        "the author sees their shadowed message: {seen_by_ghost}"
-    );
+    assert_eq!(seen_by_ghost["message_id"], json!(boo), "the author sees their shadowed message: {seen_by_ghost}");
     let seen_by_alice = next_event(&mut alice, "message.new").await;
-    assert_eq!(
-        seen_by_alice["message_id"],
-        json!(visible),
-        "another watcher never gets the shadowed message: {seen_by_alice}"
-    );
+    assert_eq!(seen_by_alice["message_id"], json!(visible), "another watcher never gets the shadowed message: {seen_by_alice}");
 }
 
 #[tokio::test]
@@ -275,12 +206,7 @@ async fn a_message_with_restricted_visibility_is_pushed_only_to_the_listed_users
         sockets.push(ws);
     }
 
-    let secret = app
-        .send_message(
-            cid,
-            json!({"text": "for u2", "user_id": "u1", "restricted_visibility": ["u2"]}),
-        )
-        .await["id"]
+    let secret = app.send_message(cid, json!({"text": "for u2", "user_id": "u1", "restricted_visibility": ["u2"]})).await["id"]
         .as_str()
         .expect("id")
         .to_string();
@@ -300,16 +226,9 @@ async fn a_token_signed_with_another_secret_gets_connection_error_and_close_1000
     let (mut ws, first) = connect_legacy(&app, "alice", &forged, "jwt").await;
     assert_eq!(first["type"], json!("connection.error"), "{first}");
     assert_eq!(first["error"]["StatusCode"], json!(401), "{first}");
-    assert_eq!(
-        first["error"]["code"],
-        json!(43),
-        "a bad signature is code 43: {first}"
-    );
+    assert_eq!(first["error"]["code"], json!(43), "a bad signature is code 43: {first}");
     assert!(first["error"]["message"].is_string(), "{first}");
-    assert!(
-        first.get("connection_id").is_none(),
-        "a rejected connection has no connection_id: {first}"
-    );
+    assert!(first.get("connection_id").is_none(), "a rejected connection has no connection_id: {first}");
     expect_close_1000(&mut ws).await;
 }
 
@@ -319,25 +238,14 @@ async fn a_token_for_another_user_an_expired_token_and_a_wrong_api_key_are_refus
     app.users(&["alice", "bob"]).await;
 
     let (mut ws, first) = connect_legacy(&app, "alice", &app.user("bob"), "jwt").await;
-    assert_eq!(
-        first["type"],
-        json!("connection.error"),
-        "bob's token cannot connect alice: {first}"
-    );
+    assert_eq!(first["type"], json!("connection.error"), "bob's token cannot connect alice: {first}");
     assert_eq!(first["error"]["StatusCode"], json!(401), "{first}");
     expect_close_1000(&mut ws).await;
 
-    let expired = app.token(&offshoot_core::token::Claims {
-        user_id: Some("alice".into()),
-        exp: Some(unix_secs() - 3600),
-        ..Default::default()
-    });
+    let expired =
+        app.token(&offshoot_core::token::Claims { user_id: Some("alice".into()), exp: Some(unix_secs() - 3600), ..Default::default() });
     let (mut ws, first) = connect_legacy(&app, "alice", &expired, "jwt").await;
-    assert_eq!(
-        first["error"]["code"],
-        json!(40),
-        "an expired token is code 40: {first}"
-    );
+    assert_eq!(first["error"]["code"], json!(40), "an expired token is code 40: {first}");
     expect_close_1000(&mut ws).await;
 
     let url = reqwest::Url::parse_with_params(
@@ -350,16 +258,10 @@ async fn a_token_for_another_user_an_expired_token_and_a_wrong_api_key_are_refus
         ],
     )
     .expect("url");
-    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
-        .await
-        .expect("handshake");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("handshake");
     let first = next_json(&mut ws).await;
     assert_eq!(first["type"], json!("connection.error"), "{first}");
-    assert_eq!(
-        first["error"]["code"],
-        json!(2),
-        "a wrong api_key is code 2: {first}"
-    );
+    assert_eq!(first["error"]["code"], json!(2), "a wrong api_key is code 2: {first}");
     expect_close_1000(&mut ws).await;
 }
 
@@ -367,28 +269,12 @@ async fn a_token_for_another_user_an_expired_token_and_a_wrong_api_key_are_refus
 async fn connecting_creates_the_user_from_user_details_and_keeps_fields_it_leaves_out() {
     let app = TestApp::spawn().await;
     let details = json!({"id": "newbie", "name": "New Bie", "color": "green", "role": "admin"});
-    let (_ws, first) =
-        connect_legacy_with(&app, "newbie", details, &app.user("newbie"), "jwt").await;
+    let (_ws, first) = connect_legacy_with(&app, "newbie", details, &app.user("newbie"), "jwt").await;
     assert_eq!(first["me"]["name"], json!("New Bie"), "{first}");
-    assert_eq!(
-        first["me"]["color"],
-        json!("green"),
-        "custom fields are flat in the legacy dialect: {first}"
-    );
-    assert_eq!(
-        first["me"]["role"],
-        json!("user"),
-        "a client cannot make itself admin: {first}"
-    );
+    assert_eq!(first["me"]["color"], json!("green"), "custom fields are flat in the legacy dialect: {first}");
+    assert_eq!(first["me"]["role"], json!("user"), "a client cannot make itself admin: {first}");
 
-    let (_ws, again) = connect_legacy_with(
-        &app,
-        "newbie",
-        json!({"id": "newbie", "color": "blue"}),
-        &app.user("newbie"),
-        "jwt",
-    )
-    .await;
+    let (_ws, again) = connect_legacy_with(&app, "newbie", json!({"id": "newbie", "color": "blue"}), &app.user("newbie"), "jwt").await;
     assert_eq!(again["me"]["name"], json!("New Bie"), "{again}");
     assert_eq!(again["me"]["color"], json!("blue"), "{again}");
 }
@@ -397,13 +283,7 @@ async fn connecting_creates_the_user_from_user_details_and_keeps_fields_it_leave
 async fn a_banned_user_cannot_connect() {
     let app = TestApp::spawn().await;
     app.users(&["rogue"]).await;
-    app.post(
-        "/moderation/ban",
-        &app.server(),
-        json!({"target_user_id": "rogue"}),
-    )
-    .await
-    .ok();
+    app.post("/moderation/ban", &app.server(), json!({"target_user_id": "rogue"})).await.ok();
     let (mut ws, first) = connect_legacy(&app, "rogue", &app.user("rogue"), "jwt").await;
     assert_eq!(first["type"], json!("connection.error"), "{first}");
     assert_eq!(first["error"]["StatusCode"], json!(403), "{first}");
@@ -417,10 +297,7 @@ async fn an_anonymous_client_connects_without_a_token_under_a_server_chosen_id()
     assert_eq!(first["type"], json!("health.check"), "{first}");
     assert!(first["connection_id"].is_string(), "{first}");
     let id = first["me"]["id"].as_str().expect("me.id");
-    assert_ne!(
-        id, "alice",
-        "an anonymous client cannot claim a user's id: {first}"
-    );
+    assert_ne!(id, "alice", "an anonymous client cannot claim a user's id: {first}");
 }
 
 #[tokio::test]
@@ -429,59 +306,30 @@ async fn a_v2_client_authenticates_in_its_first_frame_and_receives_v2_events() {
     app.users(&["alice", "bob"]).await;
     let cid = "agent:wsv2";
     app.channel(cid, "bob", &["alice", "bob"]).await;
-    let url = format!(
-        "{}/api/v2/connect?api_key={}&stream-auth-type=jwt",
-        ws_base(&app),
-        app.api_key
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
-        .await
-        .expect("handshake");
-    ws.send(Message::text(
-        json!({"token": app.user("alice"), "user_details": {"id": "alice"}}).to_string(),
-    ))
-    .await
-    .expect("auth frame");
+    let url = format!("{}/api/v2/connect?api_key={}&stream-auth-type=jwt", ws_base(&app), app.api_key);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("handshake");
+    ws.send(Message::text(json!({"token": app.user("alice"), "user_details": {"id": "alice"}}).to_string())).await.expect("auth frame");
     let ok = next_json(&mut ws).await;
     assert_eq!(ok["type"], json!("connection.ok"), "{ok}");
     assert_eq!(ok["me"]["id"], json!("alice"), "{ok}");
-    assert!(
-        ok["me"]["created_at"].is_i64(),
-        "v2 timestamps are nanoseconds: {ok}"
-    );
-    let conn = ok["connection_id"]
-        .as_str()
-        .expect("connection_id")
-        .to_string();
+    assert!(ok["me"]["created_at"].is_i64(), "v2 timestamps are nanoseconds: {ok}");
+    let conn = ok["connection_id"].as_str().expect("connection_id").to_string();
     watch(&app, cid, "alice", &conn).await;
 
     let m = app.say(cid, "bob", "v2 hello").await;
 
     let ev = next_event(&mut ws, "message.new").await;
     assert_eq!(ev["message_id"], json!(m), "{ev}");
-    assert!(
-        ev["created_at"].is_i64(),
-        "v2 events carry nanosecond timestamps: {ev}"
-    );
+    assert!(ev["created_at"].is_i64(), "v2 events carry nanosecond timestamps: {ev}");
     assert!(ev["message"]["created_at"].is_i64(), "{ev}");
 }
 
 #[tokio::test]
 async fn a_v2_client_with_a_bad_token_gets_connection_error() {
     let app = TestApp::spawn().await;
-    let url = format!(
-        "{}/api/v2/connect?api_key={}&stream-auth-type=jwt",
-        ws_base(&app),
-        app.api_key
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str())
-        .await
-        .expect("handshake");
-    ws.send(Message::text(
-        json!({"token": "not-a-jwt", "user_details": {"id": "alice"}}).to_string(),
-    ))
-    .await
-    .expect("auth frame");
+    let url = format!("{}/api/v2/connect?api_key={}&stream-auth-type=jwt", ws_base(&app), app.api_key);
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("handshake");
+    ws.send(Message::text(json!({"token": "not-a-jwt", "user_details": {"id": "alice"}}).to_string())).await.expect("auth frame");
     let first = next_json(&mut ws).await;
     assert_eq!(first["type"], json!("connection.error"), "{first}");
     assert_eq!(first["error"]["StatusCode"], json!(401), "{first}");
@@ -498,19 +346,12 @@ async fn closing_the_socket_ends_its_watches() {
     watch(&app, cid, "alice", &conn).await;
     gone.close(None).await.expect("close");
     // The server answers the close handshake once it has read the close frame.
-    let _ = tokio::time::timeout(FRAME_WAIT, async {
-        while let Some(Ok(_)) = gone.next().await {}
-    })
-    .await;
+    let _ = tokio::time::timeout(FRAME_WAIT, async { while let Some(Ok(_)) = gone.next().await {} }).await;
 
     let (mut ws, conn) = connect_user(&app, "bob").await;
     watch(&app, cid, "bob", &conn).await;
     let m = app.say(cid, "bob", "who is here?").await;
     let ev = next_event(&mut ws, "message.new").await;
     assert_eq!(ev["message_id"], json!(m), "{ev}");
-    assert_eq!(
-        ev["watcher_count"],
-        json!(1),
-        "alice's closed connection no longer watches: {ev}"
-    );
+    assert_eq!(ev["watcher_count"], json!(1), "alice's closed connection no longer watches: {ev}");
 }

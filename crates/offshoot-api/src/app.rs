@@ -20,7 +20,26 @@ fn server_only(ctx: &Ctx, what: &str) -> Result<(), Error> {
     }
 }
 
-const USER_KNOWN: &[&str] = &["id", "role", "name", "image", "language", "teams", "invisible", "created_at", "updated_at", "last_active", "online", "banned", "shadow_banned", "deleted_at", "privacy_settings", "teams_role", "blocked_user_ids", "revoke_tokens_issued_before"];
+const USER_KNOWN: &[&str] = &[
+    "id",
+    "role",
+    "name",
+    "image",
+    "language",
+    "teams",
+    "invisible",
+    "created_at",
+    "updated_at",
+    "last_active",
+    "online",
+    "banned",
+    "shadow_banned",
+    "deleted_at",
+    "privacy_settings",
+    "teams_role",
+    "blocked_user_ids",
+    "revoke_tokens_issued_before",
+];
 
 fn user_input(v: &Value) -> Result<UserInput, Error> {
     let Value::Object(o) = v else { return Err(Error::input("every user must be an object")) };
@@ -265,7 +284,9 @@ fn render_type(d: Dialect, ct: &offshoot_core::model::ChannelType) -> Value {
 
 pub async fn get_channel_type(State(st): State<ApiState>, ctx: Ctx, Path(name): Path<String>) -> ApiResult<Json<Value>> {
     let name = ids::parse_channel_type(&name)?;
-    let Some(ct) = st.store.channel_type(&name).await? else { return Err(Error::not_found(format!("channel type {name:?} does not exist")).into()) };
+    let Some(ct) = st.store.channel_type(&name).await? else {
+        return Err(Error::not_found(format!("channel type {name:?} does not exist")).into());
+    };
     let mut v = render_type(ctx.dialect, &ct);
     if let Value::Object(o) = &mut v {
         o.insert("duration".into(), crate::duration().into());

@@ -70,7 +70,13 @@ pub(crate) fn page_of(o: Option<&Obj>, default_limit: i64) -> Result<Page, Error
 }
 
 /// ChannelState as a channel query returns it.
-pub(crate) async fn channel_state(st: &ApiState, ctx: &Ctx, ch: &Channel, page: &Page, member_limit: i64) -> Result<Map<String, Value>, Error> {
+pub(crate) async fn channel_state(
+    st: &ApiState,
+    ctx: &Ctx,
+    ch: &Channel,
+    page: &Page,
+    member_limit: i64,
+) -> Result<Map<String, Value>, Error> {
     let d = ctx.dialect;
     let member = is_member(st, &ctx.viewer, &ch.cid).await?;
     let messages = st.store.channel_messages(ch, &ctx.viewer, page).await?;
@@ -88,7 +94,11 @@ pub(crate) async fn channel_state(st: &ApiState, ctx: &Ctx, ch: &Channel, page: 
         reads
             .iter()
             .map(|r| {
-                let u = members.iter().find(|m| m.user_id == r.user_id).and_then(|m| m.user.clone()).unwrap_or_else(|| User::placeholder(&r.user_id, "user"));
+                let u = members
+                    .iter()
+                    .find(|m| m.user_id == r.user_id)
+                    .and_then(|m| m.user.clone())
+                    .unwrap_or_else(|| User::placeholder(&r.user_id, "user"));
                 let mut o = json!({"user": render::user(d, &u), "last_read": d.ts(r.last_read), "unread_messages": r.unread_messages});
                 if let Some(mid) = &r.last_read_message_id {
                     o["last_read_message_id"] = mid.clone().into();
@@ -109,16 +119,48 @@ pub(crate) async fn channel_state(st: &ApiState, ctx: &Ctx, ch: &Channel, page: 
     Ok(o)
 }
 
-const CHANNEL_DATA_KNOWN: &[&str] = &["created_by", "created_by_id", "members", "team", "frozen", "disabled", "config_overrides", "filter_tags", "invites", "id", "type", "cid", "created_at", "updated_at", "own_capabilities", "member_count", "auto_translation_enabled", "auto_translation_language", "fork", "truncated_at", "deleted_at"];
+const CHANNEL_DATA_KNOWN: &[&str] = &[
+    "created_by",
+    "created_by_id",
+    "members",
+    "team",
+    "frozen",
+    "disabled",
+    "config_overrides",
+    "filter_tags",
+    "invites",
+    "id",
+    "type",
+    "cid",
+    "created_at",
+    "updated_at",
+    "own_capabilities",
+    "member_count",
+    "auto_translation_enabled",
+    "auto_translation_language",
+    "fork",
+    "truncated_at",
+    "deleted_at",
+];
 
 /// `POST /channels/{type}/{id}/query`: get-or-create, optionally watch.
-pub async fn query_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn query_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (kind, id, cid) = parse_path(&kind, &id)?;
     get_or_create(&st, &ctx, &kind, &id, &cid, &body).await
 }
 
 /// `POST /channels/{type}/query`: a distinct channel keyed by its members.
-pub async fn query_distinct_channel(State(st): State<ApiState>, ctx: Ctx, Path(kind): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn query_distinct_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path(kind): Path<String>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let kind = ids::parse_channel_type(&kind)?;
     let data = obj_opt(&body, "data")?.cloned().unwrap_or_default();
     let Some(members) = get(&data, "members") else { return Err(Error::input("a channel without an id needs data.members").into()) };
@@ -171,7 +213,11 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
                     };
                     match from_data.or(input::actor_id(body)?) {
                         Some(id) => Some(ids::parse_user_id(&id)?),
-                        None => return Err(Error::input("creating a channel server-side needs data.created_by_id (or data.created_by.id)").into()),
+                        None => {
+                            return Err(
+                                Error::input("creating a channel server-side needs data.created_by_id (or data.created_by.id)").into()
+                            )
+                        }
                     }
                 }
                 Viewer::User { id, role } => {
@@ -193,14 +239,22 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
             }
             let mut custom = input::custom(&data, CHANNEL_DATA_KNOWN)?;
             custom.remove("name").map(|n| custom.insert("name".into(), n));
-            let new = NewChannel { kind: kind.to_string(), id: id.to_string(), created_by_id: creator, team: str_opt(&data, "team")?, custom, members };
+            let new = NewChannel {
+                kind: kind.to_string(),
+                id: id.to_string(),
+                created_by_id: creator,
+                team: str_opt(&data, "team")?,
+                custom,
+                members,
+            };
             let (ch, _) = st.store.create_channel(&new).await?;
             ch
         }
     };
     watch_if_asked(st, ctx, body, cid)?;
     let page = page_of(obj_opt(body, "messages")?, DEFAULT_MESSAGE_LIMIT)?;
-    let member_limit = obj_opt(body, "members")?.map(|m| i64_opt(m, "limit")).transpose()?.flatten().unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
+    let member_limit =
+        obj_opt(body, "members")?.map(|m| i64_opt(m, "limit")).transpose()?.flatten().unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
     let state = channel_state(st, ctx, &ch, &page, member_limit).await?;
     Ok(ctx.ok(Value::Object(state)))
 }
@@ -215,7 +269,12 @@ fn watch_if_asked(st: &ApiState, ctx: &Ctx, body: &Obj, cid: &str) -> Result<(),
     Ok(())
 }
 
-pub async fn stop_watching(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn stop_watching(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     if let Some(conn) = ctx.q("connection_id").map(str::to_string).or(str_opt(&body, "connection_id")?) {
         st.watchers.unwatch(&conn, &cid);
@@ -240,14 +299,22 @@ fn require_manage(ctx: &Ctx, ch: &Channel) -> Result<(), Error> {
 }
 
 /// `POST /channels/{type}/{id}`: full update, members, optional system message.
-pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn update_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     let mut ch = load(&st, &cid).await?;
     require_manage(&ctx, &ch)?;
     let actor = actor(&st, &ctx, &body).await?;
     if let Some(data) = obj_opt(&body, "data")? {
         let custom = input::custom(data, CHANNEL_DATA_KNOWN)?;
-        ch = st.store.update_channel(&cid, Some(&custom), str_opt(data, "team")?.as_deref(), bool_opt(data, "frozen")?, actor.as_ref()).await?;
+        ch = st
+            .store
+            .update_channel(&cid, Some(&custom), str_opt(data, "team")?.as_deref(), bool_opt(data, "frozen")?, actor.as_ref())
+            .await?;
     }
     if let Some(m) = get(&body, "add_members") {
         let members = input::members(m, "add_members")?;
@@ -277,7 +344,12 @@ pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id
 }
 
 /// `PATCH /channels/{type}/{id}`: `set` / `unset`.
-pub async fn partial_update_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn partial_update_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     let ch = load(&st, &cid).await?;
     require_manage(&ctx, &ch)?;
@@ -326,7 +398,12 @@ pub async fn delete_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): B
 }
 
 /// `POST /channels/{type}/{id}/truncate`.
-pub async fn truncate_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn truncate_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     let ch = load(&st, &cid).await?;
     require_manage(&ctx, &ch)?;
@@ -336,7 +413,9 @@ pub async fn truncate_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, 
     let msg = match obj_opt(&body, "message")? {
         Some(m) => {
             let mut new = input::new_message(m, true, ch.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000))?;
-            new.user_id = input::actor_id(m)?.or(actor.as_ref().map(|a| a.id.clone())).ok_or_else(|| Error::input("the truncate message needs a user_id"))?;
+            new.user_id = input::actor_id(m)?
+                .or(actor.as_ref().map(|a| a.id.clone()))
+                .ok_or_else(|| Error::input("the truncate message needs a user_id"))?;
             Some(new)
         }
         None => None,
@@ -354,10 +433,17 @@ pub async fn truncate_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, 
 }
 
 /// `POST /channels/agent/{id}/rewind`.
-pub async fn rewind_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn rewind_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (kind, _, cid) = parse_path(&kind, &id)?;
     if !perm::may_fork_or_rewind(&ctx.viewer) {
-        return Err(Error::not_allowed("rewind is a server-side operation: it needs the RewindChannel permission (server-side or admin)").into());
+        return Err(
+            Error::not_allowed("rewind is a server-side operation: it needs the RewindChannel permission (server-side or admin)").into()
+        );
     }
     load(&st, &cid).await?;
     if kind != "agent" {
@@ -372,7 +458,12 @@ pub async fn rewind_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id
 }
 
 /// `POST /channels/{type}/{id}/read`.
-pub async fn mark_read(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn mark_read(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     load(&st, &cid).await?;
     let Some(user) = actor(&st, &ctx, &body).await? else { return Err(Error::input("mark read needs a user_id").into()) };
@@ -386,7 +477,12 @@ pub async fn mark_read(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): P
 }
 
 /// `POST /channels/{type}/{id}/event`: typing, AI state and custom events, relayed to watchers.
-pub async fn send_event(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn send_event(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     let ch = load(&st, &cid).await?;
     let Some(ev) = obj_opt(&body, "event")? else { return Err(Error::input("field \"event\" is required").into()) };
@@ -422,7 +518,10 @@ fn filter_values(key: &str, v: &Value) -> Result<Vec<String>, Error> {
     let as_list = |v: &Value| -> Result<Vec<String>, Error> {
         match v {
             Value::String(s) => Ok(vec![s.clone()]),
-            Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_string).ok_or_else(|| Error::input(format!("filter {key:?} takes strings")))).collect(),
+            Value::Array(a) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_string).ok_or_else(|| Error::input(format!("filter {key:?} takes strings"))))
+                .collect(),
             _ => Err(Error::input(format!("filter {key:?} takes a string or a list of strings"))),
         }
     };
@@ -441,7 +540,11 @@ fn filter_values(key: &str, v: &Value) -> Result<Vec<String>, Error> {
 /// `POST /channels`: Query Channels.
 pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
     let filter = obj_opt(&body, "filter_conditions")?.or(obj_opt(&body, "filter")?).cloned().unwrap_or_default();
-    let mut f = ChannelFilter { limit: i64_opt(&body, "limit")?.unwrap_or(10), offset: i64_opt(&body, "offset")?.unwrap_or(0), ..Default::default() };
+    let mut f = ChannelFilter {
+        limit: i64_opt(&body, "limit")?.unwrap_or(10),
+        offset: i64_opt(&body, "offset")?.unwrap_or(0),
+        ..Default::default()
+    };
     if !(0..=100).contains(&f.limit) {
         return Err(Error::input("limit must be at most 100").into());
     }
@@ -472,7 +575,12 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
                     f.members_any = Some(values);
                 }
             }
-            other => return Err(Error::input(format!("query channels does not support filtering on {other:?}: use type, cid, id, members or created_by_id")).into()),
+            other => {
+                return Err(Error::input(format!(
+                    "query channels does not support filtering on {other:?}: use type, cid, id, members or created_by_id"
+                ))
+                .into())
+            }
         }
     }
     let sort = match get(&body, "sort") {

@@ -82,7 +82,9 @@ impl FromRequestParts<ApiState> for Ctx {
         let query = parse_query(parts.uri.query());
         match query.get("api_key") {
             None => return Err(Error::new(ErrorKind::BadApiKey, "api_key is missing: add ?api_key=<your key> to the request").into()),
-            Some(k) if k.as_str() != &*state.api_key => return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid")).into()),
+            Some(k) if k.as_str() != &*state.api_key => {
+                return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid")).into())
+            }
             Some(_) => {}
         }
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
@@ -92,7 +94,11 @@ impl FromRequestParts<ApiState> for Ctx {
             return Ok(Ctx { viewer: Viewer::Anonymous { id: offshoot_core::ids::new_id() }, user: None, dialect, query });
         }
         let Some(raw) = authorization else {
-            return Err(Error::new(ErrorKind::Auth, "the Authorization header is missing: send the raw JWT (no Bearer prefix), or stream-auth-type: anonymous").into());
+            return Err(Error::new(
+                ErrorKind::Auth,
+                "the Authorization header is missing: send the raw JWT (no Bearer prefix), or stream-auth-type: anonymous",
+            )
+            .into());
         };
         let raw = raw.strip_prefix("Bearer ").unwrap_or(raw);
         let now = offshoot_core::time::now() / 1_000_000_000;

@@ -22,17 +22,43 @@ async fn require_fork_enabled(st: &ApiState) -> Result<(), Error> {
     }
 }
 
-const DATA_KNOWN: &[&str] = &["created_by", "created_by_id", "members", "team", "id", "type", "cid", "created_at", "updated_at", "frozen", "disabled", "own_capabilities", "member_count", "config_overrides", "fork"];
+const DATA_KNOWN: &[&str] = &[
+    "created_by",
+    "created_by_id",
+    "members",
+    "team",
+    "id",
+    "type",
+    "cid",
+    "created_at",
+    "updated_at",
+    "frozen",
+    "disabled",
+    "own_capabilities",
+    "member_count",
+    "config_overrides",
+    "fork",
+];
 
 /// `POST /channels/{type}/{id}/fork`.
-pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn fork_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, source_cid) = parse_path(&kind, &id)?;
     require_fork_enabled(&st).await?;
     if !perm::may_fork_or_rewind(&ctx.viewer) {
-        return Err(Error::not_allowed("fork is a server-side operation: it needs the ForkChannel permission, which only server-side requests and admins have").into());
+        return Err(Error::not_allowed(
+            "fork is a server-side operation: it needs the ForkChannel permission, which only server-side requests and admins have",
+        )
+        .into());
     }
     let message_id = input::str_req(&body, "message_id")?;
-    let Some(target) = obj_opt(&body, "channel")? else { return Err(Error::input("field \"channel\" is required, with the new channel's id").into()) };
+    let Some(target) = obj_opt(&body, "channel")? else {
+        return Err(Error::input("field \"channel\" is required, with the new channel's id").into());
+    };
     let target_id = ids::parse_channel_id(&input::str_req(target, "id")?)?;
     let data = obj_opt(target, "data")?.cloned().unwrap_or_default();
     if get(&data, "members").is_some() {
@@ -83,7 +109,12 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id))
 
 /// `POST /channels/{type}/{id}/fork/message_ids`: source id → copy id, for the copies the
 /// fork holds. Needs only read access to the fork.
-pub async fn lookup_fork_message_ids(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn lookup_fork_message_ids(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     require_fork_enabled(&st).await?;
     let ch = load(&st, &cid).await?;

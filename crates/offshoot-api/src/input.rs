@@ -70,7 +70,11 @@ pub fn arr_opt<'a>(o: &'a Obj, key: &str) -> R<Option<&'a Vec<Value>>> {
 pub fn str_list(o: &Obj, key: &str) -> R<Option<Vec<String>>> {
     match arr_opt(o, key)? {
         None => Ok(None),
-        Some(a) => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong(key, "an array of strings"))).collect::<R<Vec<_>>>().map(Some),
+        Some(a) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong(key, "an array of strings")))
+            .collect::<R<Vec<_>>>()
+            .map(Some),
     }
 }
 
@@ -155,12 +159,52 @@ pub fn members(v: &Value, field: &str) -> R<Vec<MemberInput>> {
 }
 
 const MESSAGE_KNOWN: &[&str] = &[
-    "id", "text", "html", "mml", "type", "parent_id", "show_in_channel", "quoted_message_id", "attachments", "mentioned_users",
-    "silent", "pinned", "pin_expires", "pinned_at", "restricted_visibility", "poll_id", "user_id", "user", "custom", "i18n",
-    "created_at", "updated_at", "cid", "command", "latest_reactions", "own_reactions", "reaction_counts", "reaction_scores",
-    "reply_count", "deleted_reply_count", "shadowed", "mentioned_channel", "mentioned_here", "thread_participants",
-    "quoted_message", "deleted_at", "pinned_by", "reaction_groups", "message_text_updated_at", "member", "channel",
-    "deleted_for_me", "status", "args", "before_message_send_failed", "show_in_channel",
+    "id",
+    "text",
+    "html",
+    "mml",
+    "type",
+    "parent_id",
+    "show_in_channel",
+    "quoted_message_id",
+    "attachments",
+    "mentioned_users",
+    "silent",
+    "pinned",
+    "pin_expires",
+    "pinned_at",
+    "restricted_visibility",
+    "poll_id",
+    "user_id",
+    "user",
+    "custom",
+    "i18n",
+    "created_at",
+    "updated_at",
+    "cid",
+    "command",
+    "latest_reactions",
+    "own_reactions",
+    "reaction_counts",
+    "reaction_scores",
+    "reply_count",
+    "deleted_reply_count",
+    "shadowed",
+    "mentioned_channel",
+    "mentioned_here",
+    "thread_participants",
+    "quoted_message",
+    "deleted_at",
+    "pinned_by",
+    "reaction_groups",
+    "message_text_updated_at",
+    "member",
+    "channel",
+    "deleted_for_me",
+    "status",
+    "args",
+    "before_message_send_failed",
+    "show_in_channel",
 ];
 
 pub fn message_custom(o: &Obj) -> R<Custom> {
@@ -194,7 +238,10 @@ pub fn mentioned(o: &Obj) -> R<Vec<String>> {
 pub fn new_message(o: &Obj, server_side: bool, max_text: i64) -> R<NewMessage> {
     let text = str_opt(o, "text")?.unwrap_or_default();
     if text.chars().count() as i64 > max_text {
-        return Err(Error::new(offshoot_core::ErrorKind::MessageTooLong, format!("message text is longer than {max_text} characters, the channel type's max_message_length")));
+        return Err(Error::new(
+            offshoot_core::ErrorKind::MessageTooLong,
+            format!("message text is longer than {max_text} characters, the channel type's max_message_length"),
+        ));
     }
     let id = match str_opt(o, "id")? {
         Some(id) if !id.is_empty() => ids::parse_message_id(&id)?,

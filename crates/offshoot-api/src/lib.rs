@@ -50,7 +50,13 @@ fn chat_routes() -> Router<ApiState> {
         .route("/channels/delete", post(channels::delete_channels))
         .route("/channels/{type}/query", post(channels::query_distinct_channel))
         .route("/channels/{type}/{id}/query", post(channels::query_channel))
-        .route("/channels/{type}/{id}", post(channels::update_channel).patch(channels::partial_update_channel).delete(channels::delete_channel).get(channels::get_channel))
+        .route(
+            "/channels/{type}/{id}",
+            post(channels::update_channel)
+                .patch(channels::partial_update_channel)
+                .delete(channels::delete_channel)
+                .get(channels::get_channel),
+        )
         .route("/channels/{type}/{id}/message", post(messages::send_message))
         .route("/channels/{type}/{id}/truncate", post(channels::truncate_channel))
         .route("/channels/{type}/{id}/rewind", post(channels::rewind_channel))
@@ -60,7 +66,13 @@ fn chat_routes() -> Router<ApiState> {
         .route("/channels/{type}/{id}/fork", post(fork::fork_channel))
         .route("/channels/{type}/{id}/fork/message_ids", post(fork::lookup_fork_message_ids))
         .route("/channels/{type}/{id}/forks", get(fork::list_forks))
-        .route("/messages/{id}", get(messages::get_message).post(messages::update_message).put(messages::partial_update_message).delete(messages::delete_message))
+        .route(
+            "/messages/{id}",
+            get(messages::get_message)
+                .post(messages::update_message)
+                .put(messages::partial_update_message)
+                .delete(messages::delete_message),
+        )
         .route("/messages/{id}/ephemeral", axum::routing::patch(messages::ephemeral_update))
         .route("/messages/{id}/replies", get(messages::get_replies))
         .route("/messages/{id}/reaction", post(messages::send_reaction))
@@ -93,11 +105,7 @@ pub fn router(state: ApiState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state);
-    Router::new()
-        .merge(api)
-        .merge(health_router(store))
-        .layer(middleware::from_fn(stamp))
-        .layer(cors())
+    Router::new().merge(api).merge(health_router(store)).layer(middleware::from_fn(stamp)).layer(cors())
 }
 
 /// `GET /healthz` alone (roles without the API still answer it).
@@ -140,5 +148,8 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError(offshoot_core::Error::new(offshoot_core::ErrorKind::MethodNotAllowed, format!("{} is not allowed on {}", req.method(), req.uri().path())))
+    ApiError(offshoot_core::Error::new(
+        offshoot_core::ErrorKind::MethodNotAllowed,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    ))
 }

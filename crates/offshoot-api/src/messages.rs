@@ -18,13 +18,20 @@ fn max_len(ch: &Channel) -> i64 {
 }
 
 /// `POST /channels/{type}/{id}/message`.
-pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn send_message(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path((kind, id)): Path<(String, String)>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     let ch = load(&st, &cid).await?;
     let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
     let author = match &ctx.viewer {
         Viewer::Server => {
-            let id = input::actor_id(msg)?.or(input::actor_id(&body)?).ok_or_else(|| Error::input("a server-side message needs message.user_id (or message.user.id)"))?;
+            let id = input::actor_id(msg)?
+                .or(input::actor_id(&body)?)
+                .ok_or_else(|| Error::input("a server-side message needs message.user_id (or message.user.id)"))?;
             st.store.get_user(&id).await?.unwrap_or_else(|| User::placeholder(&id, "user"))
         }
         Viewer::User { id, role } => {
@@ -35,7 +42,9 @@ pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, Path((kind, id))
             }
             let member = st.store.is_member(&cid, id).await?;
             if !perm::may_write(&ctx.viewer, member) {
-                return Err(Error::not_allowed(format!("you are not allowed to send messages to channel {cid:?}: only its members can")).into());
+                return Err(
+                    Error::not_allowed(format!("you are not allowed to send messages to channel {cid:?}: only its members can")).into()
+                );
             }
             ctx.user.clone().unwrap_or_else(|| User::placeholder(id, role))
         }
@@ -75,7 +84,8 @@ fn may_edit(ctx: &Ctx, m: &Message) -> Result<(), Error> {
 }
 
 fn editor(ctx: &Ctx, body: &Obj, m: &Message) -> Result<User, Error> {
-    Ok(input::acting_user(&ctx.viewer, ctx.user.as_ref(), body, false)?.unwrap_or_else(|| m.user.clone().unwrap_or_else(|| User::placeholder(&m.user_id, "user"))))
+    Ok(input::acting_user(&ctx.viewer, ctx.user.as_ref(), body, false)?
+        .unwrap_or_else(|| m.user.clone().unwrap_or_else(|| User::placeholder(&m.user_id, "user"))))
 }
 
 /// `POST /messages/{id}`: full update.
@@ -131,7 +141,10 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
             "text" => {
                 let t = v.as_str().ok_or_else(|| Error::input("set.text must be a string"))?;
                 if t.chars().count() as i64 > max_text {
-                    return Err(Error::new(offshoot_core::ErrorKind::MessageTooLong, format!("message text is longer than {max_text} characters")));
+                    return Err(Error::new(
+                        offshoot_core::ErrorKind::MessageTooLong,
+                        format!("message text is longer than {max_text} characters"),
+                    ));
                 }
                 m.text = t.to_string();
                 m.html = input::html_of(t);
@@ -155,7 +168,19 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
             }
             "i18n" => m.i18n = v.as_object().cloned(),
             "show_in_channel" => m.show_in_channel = m.parent_id.is_some() && v.as_bool().unwrap_or(false),
-            "id" | "cid" | "type" | "user" | "user_id" | "parent_id" | "created_at" | "updated_at" | "deleted_at" | "reply_count" | "shadowed" | "restricted_visibility" | "quoted_message_id" => {
+            "id"
+            | "cid"
+            | "type"
+            | "user"
+            | "user_id"
+            | "parent_id"
+            | "created_at"
+            | "updated_at"
+            | "deleted_at"
+            | "reply_count"
+            | "shadowed"
+            | "restricted_visibility"
+            | "quoted_message_id" => {
                 return Err(Error::input(format!("field {k:?} cannot be changed by a partial update")));
             }
             "custom" => {
@@ -193,7 +218,12 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
 }
 
 /// `PUT /messages/{id}`: partial update.
-pub async fn partial_update_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn partial_update_message(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Path(id): Path<String>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
     let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
@@ -311,7 +341,11 @@ pub async fn get_reactions(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<
 }
 
 fn thread_state(d: Dialect, parent: &Message, replies: &[Message], ch: &Channel) -> Value {
-    let participants: Vec<Value> = parent.thread_participants.iter().map(|u| json!({"user_id": u.id, "user": render::user(d, u), "channel_cid": ch.cid, "created_at": d.ts(parent.created_at)})).collect();
+    let participants: Vec<Value> = parent
+        .thread_participants
+        .iter()
+        .map(|u| json!({"user_id": u.id, "user": render::user(d, u), "channel_cid": ch.cid, "created_at": d.ts(parent.created_at)}))
+        .collect();
     json!({
         "parent_message_id": parent.id,
         "parent_message": render::message(d, parent),

@@ -15,19 +15,14 @@ pub fn parse_channel_id(id: &str) -> Result<String> {
         return Err(Error::input(format!("channel id is longer than {MAX_ID_LEN} characters")));
     }
     if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '!')) {
-        return Err(Error::input(format!(
-            "channel id {id:?} has illegal characters: use letters, digits, '-', '_' and '!'"
-        )));
+        return Err(Error::input(format!("channel id {id:?} has illegal characters: use letters, digits, '-', '_' and '!'")));
     }
     Ok(id.to_string())
 }
 
 /// Channel type names: lower-case letters, digits, `-` and `_`.
 pub fn parse_channel_type(name: &str) -> Result<String> {
-    if name.is_empty()
-        || name.len() > MAX_ID_LEN
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-    {
+    if name.is_empty() || name.len() > MAX_ID_LEN || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_')) {
         return Err(Error::input(format!("channel type {name:?} is not a valid channel type name")));
     }
     Ok(name.to_string())
@@ -42,9 +37,7 @@ pub fn parse_user_id(id: &str) -> Result<String> {
         return Err(Error::input("user id is longer than 255 characters"));
     }
     if !id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '@' | '_' | '-' | '.' | '!')) {
-        return Err(Error::input(format!(
-            "user id {id:?} has illegal characters: use letters, digits and @ _ - . !"
-        )));
+        return Err(Error::input(format!("user id {id:?} has illegal characters: use letters, digits and @ _ - . !")));
     }
     Ok(id.to_string())
 }
@@ -70,9 +63,7 @@ pub fn cid(channel_type: &str, id: &str) -> String {
 
 /// Splits `type:id`.
 pub fn parse_cid(cid: &str) -> Result<(String, String)> {
-    let (t, id) = cid
-        .split_once(':')
-        .ok_or_else(|| Error::input(format!("{cid:?} is not a cid of the form type:id")))?;
+    let (t, id) = cid.split_once(':').ok_or_else(|| Error::input(format!("{cid:?} is not a cid of the form type:id")))?;
     Ok((parse_channel_type(t)?, parse_channel_id(id)?))
 }
 
@@ -80,8 +71,7 @@ pub fn parse_cid(cid: &str) -> Result<(String, String)> {
 /// clients can compute copy ids without a lookup:
 /// `uuid_v5(NAMESPACE_URL, "offshoot:fork:{fork_cid}:{source_message_id}")`.
 pub fn copy_id(fork_cid: &str, source_message_id: &str) -> String {
-    Uuid::new_v5(&Uuid::NAMESPACE_URL, format!("offshoot:fork:{fork_cid}:{source_message_id}").as_bytes())
-        .to_string()
+    Uuid::new_v5(&Uuid::NAMESPACE_URL, format!("offshoot:fork:{fork_cid}:{source_message_id}").as_bytes()).to_string()
 }
 
 /// Whether `id` is a version 5 UUID (the form copy ids take), in any letter case.
@@ -114,9 +104,6 @@ mod tests {
         assert!(is_v5_uuid(&a));
         assert!(is_v5_uuid(&a.to_uppercase()));
         assert!(!is_v5_uuid(&new_id()));
-        assert_eq!(
-            a,
-            Uuid::new_v5(&Uuid::NAMESPACE_URL, b"offshoot:fork:agent:b:m1").to_string()
-        );
+        assert_eq!(a, Uuid::new_v5(&Uuid::NAMESPACE_URL, b"offshoot:fork:agent:b:m1").to_string());
     }
 }

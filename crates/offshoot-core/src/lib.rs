@@ -11,7 +11,7 @@ pub mod ids;
 pub mod model;
 pub mod perm;
 pub mod render;
-pub mod token;
 pub mod time;
+pub mod token;
 
 pub use error::{Error, ErrorKind};

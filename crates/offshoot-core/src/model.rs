@@ -233,8 +233,13 @@ pub struct NewMessage {
 pub enum Viewer {
     /// Server-side calls see everything that is stored and not hidden.
     Server,
-    User { id: String, role: String },
-    Anonymous { id: String },
+    User {
+        id: String,
+        role: String,
+    },
+    Anonymous {
+        id: String,
+    },
 }
 
 impl Viewer {

@@ -22,7 +22,14 @@ pub fn own_capabilities(viewer: &Viewer, is_member: bool, kind: &str) -> Vec<&'s
         ]);
     }
     if admin {
-        caps.extend(["update-channel", "delete-channel", "truncate-channel", "update-channel-members", "delete-any-message", "update-any-message"]);
+        caps.extend([
+            "update-channel",
+            "delete-channel",
+            "truncate-channel",
+            "update-channel-members",
+            "delete-any-message",
+            "update-any-message",
+        ]);
         if kind == "agent" {
             caps.extend(["fork-channel", "rewind-channel"]);
         }

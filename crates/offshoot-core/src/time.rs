@@ -34,9 +34,7 @@ pub fn parse_str(s: &str) -> Option<Ts> {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         return s.parse().ok();
     }
-    let dt = DateTime::parse_from_rfc3339(s)
-        .ok()
-        .or_else(|| DateTime::parse_from_rfc3339(&format!("{s}Z")).ok())?;
+    let dt = DateTime::parse_from_rfc3339(s).ok().or_else(|| DateTime::parse_from_rfc3339(&format!("{s}Z")).ok())?;
     dt.with_timezone(&Utc).timestamp_nanos_opt()
 }
 

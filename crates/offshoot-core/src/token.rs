@@ -29,7 +29,9 @@ pub fn verify(token: &str, secret: &str, now_secs: i64) -> Result<Claims, Error>
     v.validate_aud = false;
     let key = DecodingKey::from_secret(secret.as_bytes()).map_err(|_| Error::internal())?;
     let data = decode::<Claims>(token, &key, &v).map_err(|e| match e.kind() {
-        JwtKind::InvalidSignature => Error::new(ErrorKind::TokenSignature, "the token signature is invalid: it was not signed with this app's secret"),
+        JwtKind::InvalidSignature => {
+            Error::new(ErrorKind::TokenSignature, "the token signature is invalid: it was not signed with this app's secret")
+        }
         JwtKind::InvalidAlgorithm => Error::new(ErrorKind::Auth, "the token must be signed with HS256"),
         _ => Error::new(ErrorKind::Auth, format!("the Authorization header is not a valid JWT: {e}")),
     })?;

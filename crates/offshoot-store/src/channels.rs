@@ -128,7 +128,14 @@ impl Store {
     }
 
     /// Full update: replaces the custom data (and team when given).
-    pub async fn update_channel(&self, cid: &str, custom: Option<&Custom>, team: Option<&str>, frozen: Option<bool>, actor: Option<&User>) -> Result<Channel> {
+    pub async fn update_channel(
+        &self,
+        cid: &str,
+        custom: Option<&Custom>,
+        team: Option<&str>,
+        frozen: Option<bool>,
+        actor: Option<&User>,
+    ) -> Result<Channel> {
         let mut tx = self.begin().await?;
         let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         if let Some(c) = custom {
@@ -155,7 +162,8 @@ impl Store {
                 "team" => ch.team = v.as_str().map(str::to_string),
                 "frozen" => ch.frozen = v.as_bool().unwrap_or(false),
                 "disabled" => ch.disabled = v.as_bool().unwrap_or(false),
-                "cid" | "id" | "type" | "created_at" | "updated_at" | "created_by" | "created_by_id" | "members" | "member_count" | "fork" | "deleted_at" | "truncated_at" => {
+                "cid" | "id" | "type" | "created_at" | "updated_at" | "created_by" | "created_by_id" | "members" | "member_count"
+                | "fork" | "deleted_at" | "truncated_at" => {
                     return domain(Error::input(format!("field {k:?} cannot be changed by a partial update")));
                 }
                 _ => {
@@ -200,7 +208,15 @@ impl Store {
                 continue;
             }
             let now = time::now();
-            let member = Member { cid: cid.to_string(), user_id: uid.clone(), user: users.get(uid).cloned(), channel_role: "channel_member".into(), custom: Custom::new(), created_at: now, updated_at: now };
+            let member = Member {
+                cid: cid.to_string(),
+                user_id: uid.clone(),
+                user: users.get(uid).cloned(),
+                channel_role: "channel_member".into(),
+                custom: Custom::new(),
+                created_at: now,
+                updated_at: now,
+            };
             let mut ev = event_for("member.removed", &ch, actor.cloned().or_else(|| users.get(uid).cloned()));
             ev.member = Some(member.clone());
             tx.event(ev, to_watchers_and_hooks(cid)).await?;
@@ -221,7 +237,10 @@ impl Store {
         let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         let now = time::now();
         if hard {
-            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1)").bind(cid.to_string()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1)")
+                .bind(cid.to_string())
+                .execute(&mut *tx.tx)
+                .await?;
             for sql in [
                 "DELETE FROM message WHERE cid = $1",
                 "DELETE FROM member WHERE cid = $1",
@@ -232,7 +251,11 @@ impl Store {
                 sqlx::query(sql).bind(cid.to_string()).execute(&mut *tx.tx).await?;
             }
         } else {
-            sqlx::query("UPDATE channel SET deleted_at = $1, updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+            sqlx::query("UPDATE channel SET deleted_at = $1, updated_at = $1 WHERE cid = $2")
+                .bind(now)
+                .bind(cid.to_string())
+                .execute(&mut *tx.tx)
+                .await?;
         }
         ch.deleted_at = Some(now);
         ch.updated_at = now;
@@ -328,11 +351,14 @@ impl Store {
 
     /// Read state of a channel: (user_id, last_read, last_read_message_id).
     pub async fn read_states(&self, cid: &str) -> Result<Vec<(String, i64, Option<String>)>> {
-        let rows: Vec<AnyRow> = sqlx::query("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
-            .bind(cid.to_string())
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter().map(|r| Ok((rows::get_str(r, "user_id")?, rows::get_i64(r, "last_read")?, rows::get_opt_str(r, "last_read_message_id")?))).collect()
+        let rows: Vec<AnyRow> =
+            sqlx::query("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
+                .bind(cid.to_string())
+                .fetch_all(self.pool())
+                .await?;
+        rows.iter()
+            .map(|r| Ok((rows::get_str(r, "user_id")?, rows::get_i64(r, "last_read")?, rows::get_opt_str(r, "last_read_message_id")?)))
+            .collect()
     }
 
     pub async fn mark_read(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
@@ -363,16 +389,18 @@ impl WithChannel for Event {
 }
 
 pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel, now: i64) -> Result<()> {
-    sqlx::query("INSERT INTO channel (cid, type, id, created_by_id, team, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)")
-        .bind(cid.to_string())
-        .bind(new.kind.clone())
-        .bind(new.id.clone())
-        .bind(new.created_by_id.clone())
-        .bind(new.team.clone())
-        .bind(serde_json::to_string(&new.custom)?)
-        .bind(now)
-        .execute(&mut *tx.tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO channel (cid, type, id, created_by_id, team, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)",
+    )
+    .bind(cid.to_string())
+    .bind(new.kind.clone())
+    .bind(new.id.clone())
+    .bind(new.created_by_id.clone())
+    .bind(new.team.clone())
+    .bind(serde_json::to_string(&new.custom)?)
+    .bind(now)
+    .execute(&mut *tx.tx)
+    .await?;
     Ok(())
 }
 
@@ -414,7 +442,15 @@ pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberI
         if res.rows_affected() == 0 {
             continue;
         }
-        let member = Member { cid: ch.cid.clone(), user_id: m.user_id.clone(), user: users.get(&m.user_id).cloned(), channel_role: role, custom: m.custom.clone(), created_at: now, updated_at: now };
+        let member = Member {
+            cid: ch.cid.clone(),
+            user_id: m.user_id.clone(),
+            user: users.get(&m.user_id).cloned(),
+            channel_role: role,
+            custom: m.custom.clone(),
+            created_at: now,
+            updated_at: now,
+        };
         let mut ev = event_for("member.added", ch, actor.cloned().or_else(|| users.get(&m.user_id).cloned()));
         ev.member = Some(member.clone());
         tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
@@ -447,21 +483,24 @@ pub(crate) async fn hydrate_channel(conn: &mut AnyConnection, ch: &mut Channel) 
         .fetch_optional(&mut *conn)
         .await?;
     ch.fork = row.as_ref().map(rows::fork).transpose()?;
-    let row: Option<AnyRow> = sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
-        .bind(ch.kind.clone())
-        .fetch_optional(&mut *conn)
-        .await?;
+    let row: Option<AnyRow> =
+        sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
+            .bind(ch.kind.clone())
+            .fetch_optional(&mut *conn)
+            .await?;
     ch.config = row.as_ref().map(rows::channel_type).transpose()?;
     Ok(())
 }
 
 pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {
-    let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {MEMBER_COLS} FROM member WHERE cid = $1 ORDER BY created_at, user_id LIMIT $2 OFFSET $3")))
-        .bind(cid.to_string())
-        .bind(limit)
-        .bind(offset)
-        .fetch_all(&mut *conn)
-        .await?;
+    let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+        "SELECT {MEMBER_COLS} FROM member WHERE cid = $1 ORDER BY created_at, user_id LIMIT $2 OFFSET $3"
+    )))
+    .bind(cid.to_string())
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&mut *conn)
+    .await?;
     let mut members = rows.iter().map(rows::member).collect::<Result<Vec<_>>>()?;
     let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
     let users = load_users(conn, &ids).await?;

@@ -63,10 +63,8 @@ impl Store {
 
     /// A consumer's cursor; created at the current end of the outbox on first use.
     pub async fn outbox_cursor(&self, name: &str) -> Result<i64> {
-        let row: Option<AnyRow> = sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1")
-            .bind(name.to_string())
-            .fetch_optional(self.pool())
-            .await?;
+        let row: Option<AnyRow> =
+            sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_optional(self.pool()).await?;
         if let Some(row) = row {
             return get_i64(&row, "seq");
         }
@@ -77,7 +75,8 @@ impl Store {
             .bind(now)
             .execute(&mut *tx.tx)
             .await?;
-        let row: AnyRow = sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_one(&mut *tx.tx).await?;
+        let row: AnyRow =
+            sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_one(&mut *tx.tx).await?;
         tx.commit(self).await?;
         get_i64(&row, "seq")
     }
@@ -114,11 +113,7 @@ impl Store {
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((get_str(r, "id")?, outbox_event(r)?, get_str(r, "url")?, get_i64(r, "attempt")?))
-            })
-            .collect()
+        rows.iter().map(|r| Ok((get_str(r, "id")?, outbox_event(r)?, get_str(r, "url")?, get_i64(r, "attempt")?))).collect()
     }
 
     /// Records the outcome of a delivery attempt: done (removed) or retried at `retry_at`.
@@ -176,13 +171,15 @@ impl Store {
     pub async fn claim_delivery(&self, id: &str, attempts: i64, lease_until: i64) -> Result<bool> {
         let mut tx = self.begin().await?;
         let now = time::now();
-        let res = sqlx::query("UPDATE webhook_delivery SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND attempt = $4 AND next_attempt_at <= $2")
-            .bind(lease_until)
-            .bind(now)
-            .bind(id.to_string())
-            .bind(attempts)
-            .execute(&mut *tx.tx)
-            .await?;
+        let res = sqlx::query(
+            "UPDATE webhook_delivery SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND attempt = $4 AND next_attempt_at <= $2",
+        )
+        .bind(lease_until)
+        .bind(now)
+        .bind(id.to_string())
+        .bind(attempts)
+        .execute(&mut *tx.tx)
+        .await?;
         tx.commit(self).await?;
         Ok(res.rows_affected() == 1)
     }

@@ -96,7 +96,14 @@ enum CopyFailure {
 
 /// Copies `sources` (newest first) into the fork. Stops at the first message that cannot be
 /// copied and returns the failure; what was copied before it stays.
-async fn copy_messages(tx: &mut Tx, fork_cid: &str, sources: &[Message], exclude_attachments: bool, limits: SizeLimits, map: &mut Map<String, Value>) -> Result<(i64, Option<CopyFailure>)> {
+async fn copy_messages(
+    tx: &mut Tx,
+    fork_cid: &str,
+    sources: &[Message],
+    exclude_attachments: bool,
+    limits: SizeLimits,
+    map: &mut Map<String, Value>,
+) -> Result<(i64, Option<CopyFailure>)> {
     let mut copied = 0;
     let mut parents: Vec<String> = Vec::new();
     let mut failure = None;
@@ -201,7 +208,8 @@ async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
         ev.fork = Some(summary.clone());
         tx.event(ev, Audience { watchers_of: Some(src.cid.clone()), users: Vec::new(), webhooks: true }).await?;
     }
-    let members: Vec<String> = load_members(&mut tx.tx, fork_cid, plan::MAX_MEMBERS as i64, 0).await?.into_iter().map(|m| m.user_id).collect();
+    let members: Vec<String> =
+        load_members(&mut tx.tx, fork_cid, plan::MAX_MEMBERS as i64, 0).await?.into_iter().map(|m| m.user_id).collect();
     let mut ev = event_for("channel.forked", &fork_ch, user);
     ev.channel = Some(fork_ch.clone());
     ev.fork = Some(summary);
@@ -274,30 +282,54 @@ impl Store {
             if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
                 let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("a fork row has its channel");
                 tx.commit(self).await?;
-                return Ok(ForkOutcome { fork: channel.fork.clone().expect("fork"), channel, message_id_map: existing.first_page_map, created: false });
+                return Ok(ForkOutcome {
+                    fork: channel.fork.clone().expect("fork"),
+                    channel,
+                    message_id_map: existing.first_page_map,
+                    created: false,
+                });
             }
             return domain(
-                Error::new(ErrorKind::ForkTargetConflict, format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid))
-                    .reason("fork_target_conflict")
-                    .field("source_channel_cid", s.source_channel_cid.clone())
-                    .field("source_message_id", s.source_message_id.clone()),
+                Error::new(
+                    ErrorKind::ForkTargetConflict,
+                    format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid),
+                )
+                .reason("fork_target_conflict")
+                .field("source_channel_cid", s.source_channel_cid.clone())
+                .field("source_message_id", s.source_message_id.clone()),
             );
         }
 
-        let Some(source) = load_channel(&mut tx.tx, &req.source_cid).await? else { return not_found(format!("channel {:?} does not exist", req.source_cid)) };
+        let Some(source) = load_channel(&mut tx.tx, &req.source_cid).await? else {
+            return not_found(format!("channel {:?} does not exist", req.source_cid));
+        };
         if source.deleted_at.is_some() {
             return not_found(format!("channel {:?} was deleted", req.source_cid));
         }
         if source.kind != "agent" {
-            return domain(Error::input(format!("channel {:?} is not an agent channel; only agent channels can be forked", req.source_cid)));
+            return domain(Error::input(format!(
+                "channel {:?} is not an agent channel; only agent channels can be forked",
+                req.source_cid
+            )));
         }
         if let Some(f) = &source.fork {
             if f.status == ForkStatus::Backfilling {
-                return domain(Error::new(ErrorKind::ForkInProgress, format!("channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives", req.source_cid)).reason("fork_in_progress"));
+                return domain(
+                    Error::new(
+                        ErrorKind::ForkInProgress,
+                        format!(
+                            "channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives",
+                            req.source_cid
+                        ),
+                    )
+                    .reason("fork_in_progress"),
+                );
             }
         }
         if load_channel(&mut tx.tx, &fork_cid).await?.is_some() {
-            return domain(Error::input(format!("channel {fork_cid:?} already exists; fork into a new channel id")).reason("fork_target_exists"));
+            return domain(
+                Error::input(format!("channel {fork_cid:?} already exists; fork into a new channel id")).reason("fork_target_exists"),
+            );
         }
         let point = match load_message(&mut tx.tx, &req.message_id).await? {
             Some((m, false))
@@ -311,7 +343,10 @@ impl Store {
                 m
             }
             _ => {
-                return domain(Error::input(format!("message_id {:?} is not a visible top-level regular or system message of channel {:?}", req.message_id, source.cid)));
+                return domain(Error::input(format!(
+                    "message_id {:?} is not a visible top-level regular or system message of channel {:?}",
+                    req.message_id, source.cid
+                )));
             }
         };
         if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
@@ -329,15 +364,25 @@ impl Store {
             .await?;
         if rows::get_i64(&clash, "n")? > 0 {
             return domain(
-                Error::new(ErrorKind::ForkPointAmbiguous, format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id)).reason("fork_point_ambiguous"),
+                Error::new(
+                    ErrorKind::ForkPointAmbiguous,
+                    format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
+                )
+                .reason("fork_point_ambiguous"),
             );
         }
-        let forks: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE source_cid = $1 AND status <> 'failed'").bind(source.cid.clone()).fetch_one(&mut *tx.tx).await?;
+        let forks: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE source_cid = $1 AND status <> 'failed'")
+            .bind(source.cid.clone())
+            .fetch_one(&mut *tx.tx)
+            .await?;
         if rows::get_i64(&forks, "n")? >= plan::MAX_FORKS {
             return domain(
-                Error::new(ErrorKind::TooManyForks, format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS))
-                    .reason("too_many_forks")
-                    .field("limit", plan::MAX_FORKS.to_string()),
+                Error::new(
+                    ErrorKind::TooManyForks,
+                    format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS),
+                )
+                .reason("too_many_forks")
+                .field("limit", plan::MAX_FORKS.to_string()),
             );
         }
         let members = match &req.members {
@@ -345,7 +390,11 @@ impl Store {
             None => {
                 let ms = load_members(&mut tx.tx, &source.cid, plan::MAX_MEMBERS as i64 + 1, 0).await?;
                 if ms.len() > plan::MAX_MEMBERS {
-                    return domain(Error::input(format!("channel {:?} has more than {} members; name the fork's members in channel.members", source.cid, plan::MAX_MEMBERS)));
+                    return domain(Error::input(format!(
+                        "channel {:?} has more than {} members; name the fork's members in channel.members",
+                        source.cid,
+                        plan::MAX_MEMBERS
+                    )));
                 }
                 ms.into_iter().map(|m| MemberInput { user_id: m.user_id, channel_role: Some(m.channel_role), custom: m.custom }).collect()
             }
@@ -426,11 +475,13 @@ impl Store {
         let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
         let mut map = Map::new();
         let (_, failure) = copy_messages(&mut tx, &fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
-        sqlx::query("UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2")
-            .bind(serde_json::to_string(&map)?)
-            .bind(fork_cid.clone())
-            .execute(&mut *tx.tx)
-            .await?;
+        sqlx::query(
+            "UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2",
+        )
+        .bind(serde_json::to_string(&map)?)
+        .bind(fork_cid.clone())
+        .execute(&mut *tx.tx)
+        .await?;
 
         // channel.created and notification.added_to_channel, once.
         let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("just created");
@@ -463,7 +514,8 @@ impl Store {
 
     /// Forks still copying, oldest first.
     pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
-        let rows: Vec<AnyRow> = sqlx::query("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?;
+        let rows: Vec<AnyRow> =
+            sqlx::query("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?;
         rows.iter().map(|r| rows::get_str(r, "cid")).collect()
     }
 
@@ -488,7 +540,10 @@ impl Store {
         if !f.planned {
             // The cap: the fork holds the newest MAX_COPIED eligible messages.
             let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
-            let sql = format!("SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}", plan::MAX_COPIED - 1);
+            let sql = format!(
+                "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
+                plan::MAX_COPIED - 1
+            );
             let row: Option<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_optional(&mut *tx.tx).await?;
             boundary = row.map(|r| Ok::<_, crate::StoreError>((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?))).transpose()?;
             let truncated = match &boundary {
@@ -502,7 +557,9 @@ impl Store {
                 None => false,
             };
             let binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
-            let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}"))), &binds).fetch_one(&mut *tx.tx).await?;
+            let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}"))), &binds)
+                .fetch_one(&mut *tx.tx)
+                .await?;
             let total = rows::get_i64(&row, "n")?;
             sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
                 .bind(true)
@@ -552,7 +609,10 @@ impl Store {
     pub async fn fork_message_ids(&self, fork_cid: &str, source_ids: &[String]) -> Result<Map<String, Value>> {
         let mut out = Map::new();
         for chunk in source_ids.chunks(500) {
-            let sql = format!("SELECT id, source_message_id FROM message WHERE cid = $1 AND source_message_id IN ({})", placeholders(2, chunk.len()));
+            let sql = format!(
+                "SELECT id, source_message_id FROM message WHERE cid = $1 AND source_message_id IN ({})",
+                placeholders(2, chunk.len())
+            );
             let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
             for id in chunk {
                 q = q.bind(id.clone());
@@ -566,18 +626,21 @@ impl Store {
 
     /// Forks of a channel, newest first.
     pub async fn list_forks(&self, source_cid: &str, limit: i64, offset: i64) -> Result<Vec<ForkSummary>> {
-        let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.source_cid = $1 ORDER BY f.created_at DESC, f.cid DESC LIMIT $2 OFFSET $3")))
-            .bind(source_cid.to_string())
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(self.pool())
-            .await?;
+        let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {FORK_COLS} FROM fork f WHERE f.source_cid = $1 ORDER BY f.created_at DESC, f.cid DESC LIMIT $2 OFFSET $3"
+        )))
+        .bind(source_cid.to_string())
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(self.pool())
+        .await?;
         rows.iter().map(rows::fork).collect()
     }
 
     /// The task behind a fork's backfill, in Stream's task shape.
     pub async fn task(&self, task_id: &str) -> Result<Option<Task>> {
-        let row: Option<AnyRow> = sqlx::query("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
+        let row: Option<AnyRow> =
+            sqlx::query("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
         let Some(row) = row else { return Ok(None) };
         let cid = rows::get_str(&row, "cid")?;
         let mut conn = self.pool().acquire().await?;
@@ -589,7 +652,10 @@ impl Store {
             ForkStatus::Completed => "completed",
             ForkStatus::Failed => "failed",
         };
-        let error = s.failed_reason.as_ref().map(|r| json!({"type": r, "description": format!("the fork failed for good: {r}"), "stacktrace": "", "version": ""}));
+        let error = s
+            .failed_reason
+            .as_ref()
+            .map(|r| json!({"type": r, "description": format!("the fork failed for good: {r}"), "stacktrace": "", "version": ""}));
         Ok(Some(Task {
             id: task_id.to_string(),
             status: status.to_string(),

@@ -19,7 +19,7 @@ mod rows;
 mod users;
 
 pub use channels::{ChannelFilter, MemberInput, NewChannel, ReadState};
-pub use forks::{BackfillStep, ForkRequest, ForkOutcome};
+pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use users::UserInput;
 
@@ -179,13 +179,7 @@ impl Store {
                     .connect(url)
                     .await?
             }
-            Backend::Postgres => {
-                AnyPoolOptions::new()
-                    .max_connections(16)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .connect(url)
-                    .await?
-            }
+            Backend::Postgres => AnyPoolOptions::new().max_connections(16).acquire_timeout(Duration::from_secs(30)).connect(url).await?,
         };
         let migrator = match backend {
             Backend::Sqlite => &SQLITE_MIGRATIONS,
@@ -281,9 +275,7 @@ impl Store {
     /// pair replaces the stored one; with none configured, a pair is generated once.
     pub async fn ensure_app(&self, key: Option<&str>, secret: Option<&str>) -> Result<(String, String, bool)> {
         let mut tx = self.begin().await?;
-        let row: Option<AnyRow> = sqlx::query("SELECT api_key, api_secret FROM app WHERE id = 1")
-            .fetch_optional(&mut *tx.tx)
-            .await?;
+        let row: Option<AnyRow> = sqlx::query("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_optional(&mut *tx.tx).await?;
         let now = offshoot_core::time::now();
         let result = match (row, key, secret) {
             (Some(_), Some(k), Some(s)) => {
@@ -299,9 +291,8 @@ impl Store {
             (None, k, s) => {
                 let generated = k.is_none() || s.is_none();
                 let k = k.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..12].to_string());
-                let s = s.map(str::to_string).unwrap_or_else(|| {
-                    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
-                });
+                let s =
+                    s.map(str::to_string).unwrap_or_else(|| format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()));
                 let settings = serde_json::to_string(&offshoot_core::model::AppSettings::default())?;
                 sqlx::query("INSERT INTO app (id, api_key, api_secret, settings, created_at, updated_at) VALUES (1, $1, $2, $3, $4, $4)")
                     .bind(k.clone())

@@ -22,9 +22,17 @@ pub struct Page {
 pub enum PageDir {
     #[default]
     Latest,
-    Before { id: String, inclusive: bool },
-    After { id: String, inclusive: bool },
-    Around { id: String },
+    Before {
+        id: String,
+        inclusive: bool,
+    },
+    After {
+        id: String,
+        inclusive: bool,
+    },
+    Around {
+        id: String,
+    },
 }
 
 /// A bind value of a dynamically built statement.
@@ -34,7 +42,10 @@ pub(crate) enum Bind {
     I(i64),
 }
 
-pub(crate) fn bind_all<'q>(mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>, binds: &[Bind]) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+pub(crate) fn bind_all<'q>(
+    mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    binds: &[Bind],
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
     for b in binds {
         q = match b {
             Bind::S(s) => q.bind(s.clone()),
@@ -152,7 +163,9 @@ impl Store {
         F: FnOnce(&mut Message) -> offshoot_core::error::Result<()> + Send,
     {
         let mut tx = self.begin().await?;
-        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else { return not_found(format!("message with id {id:?} does not exist")) };
+        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else {
+            return not_found(format!("message with id {id:?} does not exist"));
+        };
         if hidden {
             return not_found(format!("message with id {id:?} does not exist"));
         }
@@ -198,7 +211,9 @@ impl Store {
     /// Soft delete marks the message `deleted`; hard delete removes it and its reactions.
     pub async fn delete_message(&self, id: &str, hard: bool, actor: Option<&User>) -> Result<Message> {
         let mut tx = self.begin().await?;
-        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else { return not_found(format!("message with id {id:?} does not exist")) };
+        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else {
+            return not_found(format!("message with id {id:?} does not exist"));
+        };
         if hidden {
             return not_found(format!("message with id {id:?} does not exist"));
         }
@@ -209,12 +224,22 @@ impl Store {
             sqlx::query("DELETE FROM reaction WHERE message_id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
             sqlx::query("DELETE FROM message WHERE id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
             if let Some(p) = &m.parent_id {
-                sqlx::query("UPDATE message SET reply_count = reply_count - 1 WHERE id = $1 AND reply_count > 0").bind(p.clone()).execute(&mut *tx.tx).await?;
+                sqlx::query("UPDATE message SET reply_count = reply_count - 1 WHERE id = $1 AND reply_count > 0")
+                    .bind(p.clone())
+                    .execute(&mut *tx.tx)
+                    .await?;
             }
         } else if !was_deleted {
-            sqlx::query("UPDATE message SET deleted_at = $1, updated_at = $1, type = 'deleted' WHERE id = $2").bind(now).bind(id.to_string()).execute(&mut *tx.tx).await?;
+            sqlx::query("UPDATE message SET deleted_at = $1, updated_at = $1, type = 'deleted' WHERE id = $2")
+                .bind(now)
+                .bind(id.to_string())
+                .execute(&mut *tx.tx)
+                .await?;
             if let Some(p) = &m.parent_id {
-                sqlx::query("UPDATE message SET deleted_reply_count = deleted_reply_count + 1 WHERE id = $1").bind(p.clone()).execute(&mut *tx.tx).await?;
+                sqlx::query("UPDATE message SET deleted_reply_count = deleted_reply_count + 1 WHERE id = $1")
+                    .bind(p.clone())
+                    .execute(&mut *tx.tx)
+                    .await?;
             }
         }
         if !was_deleted || hard {
@@ -233,15 +258,27 @@ impl Store {
         Ok(m)
     }
 
-    pub async fn add_reaction(&self, message_id: &str, reaction: &Reaction, enforce_unique: bool, user: &User) -> Result<(Message, Reaction)> {
+    pub async fn add_reaction(
+        &self,
+        message_id: &str,
+        reaction: &Reaction,
+        enforce_unique: bool,
+        user: &User,
+    ) -> Result<(Message, Reaction)> {
         let mut tx = self.begin().await?;
-        let Some((_, hidden)) = load_message(&mut tx.tx, message_id).await? else { return not_found(format!("message with id {message_id:?} does not exist")) };
+        let Some((_, hidden)) = load_message(&mut tx.tx, message_id).await? else {
+            return not_found(format!("message with id {message_id:?} does not exist"));
+        };
         if hidden {
             return not_found(format!("message with id {message_id:?} does not exist"));
         }
         let user = ensure_user(&mut tx, user).await?;
         if enforce_unique {
-            sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2").bind(message_id.to_string()).bind(user.id.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2")
+                .bind(message_id.to_string())
+                .bind(user.id.clone())
+                .execute(&mut *tx.tx)
+                .await?;
         }
         let now = time::now();
         sqlx::query("INSERT INTO reaction (message_id, user_id, type, score, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (message_id, user_id, type) DO UPDATE SET score = $4, custom = $5, updated_at = $6")
@@ -282,8 +319,18 @@ impl Store {
         Ok((m, r))
     }
 
-    async fn reaction_event(&self, tx: &mut Tx, message_id: &str, user: &User, kind: &str, event: &str, known: Option<Reaction>) -> Result<(Message, Reaction)> {
-        let Some((mut m, _)) = load_message(&mut tx.tx, message_id).await? else { return not_found(format!("message with id {message_id:?} does not exist")) };
+    async fn reaction_event(
+        &self,
+        tx: &mut Tx,
+        message_id: &str,
+        user: &User,
+        kind: &str,
+        event: &str,
+        known: Option<Reaction>,
+    ) -> Result<(Message, Reaction)> {
+        let Some((mut m, _)) = load_message(&mut tx.tx, message_id).await? else {
+            return not_found(format!("message with id {message_id:?} does not exist"));
+        };
         let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
         let mut out = vec![m];
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
@@ -301,7 +348,15 @@ impl Store {
         let mut r = match (known, row) {
             (Some(r), _) => r,
             (None, Some(row)) => rows::reaction(&row)?,
-            (None, None) => Reaction { message_id: message_id.into(), user_id: user.id.clone(), kind: kind.into(), score: 1, created_at: now, updated_at: now, ..Default::default() },
+            (None, None) => Reaction {
+                message_id: message_id.into(),
+                user_id: user.id.clone(),
+                kind: kind.into(),
+                score: 1,
+                created_at: now,
+                updated_at: now,
+                ..Default::default()
+            },
         };
         r.user = Some(user.clone());
         let mut ev = event_for(event, &ch, Some(user.clone()));
@@ -313,7 +368,14 @@ impl Store {
 
     /// Truncates a channel: hides (or, with `hard`, deletes) every message created up to
     /// `truncated_at` (default now), then adds the optional system message.
-    pub async fn truncate_channel(&self, cid: &str, truncated_at: Option<i64>, hard: bool, actor: Option<&User>, message: Option<&NewMessage>) -> Result<(Channel, Option<Message>)> {
+    pub async fn truncate_channel(
+        &self,
+        cid: &str,
+        truncated_at: Option<i64>,
+        hard: bool,
+        actor: Option<&User>,
+        message: Option<&NewMessage>,
+    ) -> Result<(Channel, Option<Message>)> {
         let mut tx = self.begin().await?;
         if load_channel(&mut tx.tx, cid).await?.is_none() {
             return not_found(format!("channel {cid:?} does not exist"));
@@ -321,8 +383,16 @@ impl Store {
         let now = time::now();
         let at = truncated_at.unwrap_or(now).min(now);
         if hard {
-            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)").bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
-            sqlx::query("DELETE FROM message WHERE cid = $1 AND created_at <= $2").bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)")
+                .bind(cid.to_string())
+                .bind(at)
+                .execute(&mut *tx.tx)
+                .await?;
+            sqlx::query("DELETE FROM message WHERE cid = $1 AND created_at <= $2")
+                .bind(cid.to_string())
+                .bind(at)
+                .execute(&mut *tx.tx)
+                .await?;
         }
         sqlx::query("UPDATE channel SET truncated_at = $1, truncated_by_id = $2, updated_at = $3 WHERE cid = $4")
             .bind(at)
@@ -353,7 +423,14 @@ impl Store {
 
     /// Rewind: hides every message created after `message_id` (and it too when `inclusive`),
     /// top-level and replies, from every read.
-    pub async fn rewind_channel(&self, cid: &str, message_id: &str, expected_last: &str, inclusive: bool, actor: Option<&User>) -> Result<Channel> {
+    pub async fn rewind_channel(
+        &self,
+        cid: &str,
+        message_id: &str,
+        expected_last: &str,
+        inclusive: bool,
+        actor: Option<&User>,
+    ) -> Result<Channel> {
         let mut tx = self.begin().await?;
         lock_channel(&mut tx, cid).await?;
         let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
@@ -362,29 +439,51 @@ impl Store {
         }
         if let Some(f) = &ch.fork {
             if f.status == ForkStatus::Backfilling {
-                return domain(Error::new(ErrorKind::ForkInProgress, format!("channel {cid:?} is a fork whose history is still being copied; rewind it once channel.forked arrives")).reason("fork_in_progress"));
+                return domain(
+                    Error::new(
+                        ErrorKind::ForkInProgress,
+                        format!("channel {cid:?} is a fork whose history is still being copied; rewind it once channel.forked arrives"),
+                    )
+                    .reason("fork_in_progress"),
+                );
             }
         }
         let point = match load_message(&mut tx.tx, message_id).await? {
-            Some((m, false)) if m.cid == cid && m.parent_id.is_none() && m.deleted_at.is_none() && !m.shadowed && ch.truncated_at.is_none_or(|t| m.created_at > t) => m,
+            Some((m, false))
+                if m.cid == cid
+                    && m.parent_id.is_none()
+                    && m.deleted_at.is_none()
+                    && !m.shadowed
+                    && ch.truncated_at.is_none_or(|t| m.created_at > t) =>
+            {
+                m
+            }
             _ => return domain(Error::input(format!("message_id {message_id:?} is not a visible top-level message of channel {cid:?}"))),
         };
         let newest = newest_visible_top_level(&mut tx.tx, &ch).await?;
         if newest.as_deref() != Some(expected_last) {
             return domain(
-                Error::new(ErrorKind::RewindConflict, format!("expected_last_message_id {expected_last:?} is not the newest visible message of the channel (it is {:?})", newest.unwrap_or_default()))
-                    .reason("rewind_conflict"),
+                Error::new(
+                    ErrorKind::RewindConflict,
+                    format!(
+                        "expected_last_message_id {expected_last:?} is not the newest visible message of the channel (it is {:?})",
+                        newest.unwrap_or_default()
+                    ),
+                )
+                .reason("rewind_conflict"),
             );
         }
         let now = time::now();
         let op = if inclusive { ">=" } else { ">" };
-        sqlx::query(AssertSqlSafe(format!("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND (created_at, id) {op} ($3, $4)")))
-            .bind(now)
-            .bind(cid.to_string())
-            .bind(point.created_at)
-            .bind(point.id.clone())
-            .execute(&mut *tx.tx)
-            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND (created_at, id) {op} ($3, $4)"
+        )))
+        .bind(now)
+        .bind(cid.to_string())
+        .bind(point.created_at)
+        .bind(point.id.clone())
+        .execute(&mut *tx.tx)
+        .await?;
         // Replies created after the rewind point, and replies of hidden parents.
         sqlx::query("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND parent_id IN (SELECT id FROM message WHERE cid = $2 AND hidden_at = $1)")
             .bind(now)
@@ -407,7 +506,13 @@ impl Store {
     }
 
     /// Threads (parents with replies) in channels `user` is a member of, or in `cids`.
-    pub async fn query_threads(&self, viewer: &Viewer, cids: Option<&[String]>, limit: i64, reply_limit: i64) -> Result<Vec<(Message, Vec<Message>, Channel)>> {
+    pub async fn query_threads(
+        &self,
+        viewer: &Viewer,
+        cids: Option<&[String]>,
+        limit: i64,
+        reply_limit: i64,
+    ) -> Result<Vec<(Message, Vec<Message>, Channel)>> {
         let mut conn = self.pool().acquire().await?;
         let mut binds: Vec<Bind> = Vec::new();
         let mut sql = format!("SELECT {MESSAGE_COLS} FROM message m JOIN channel c ON c.cid = m.cid WHERE m.parent_id IS NULL AND m.reply_count > 0 AND m.hidden_at IS NULL AND c.deleted_at IS NULL AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at)");
@@ -436,7 +541,14 @@ impl Store {
             hydrate_messages(&mut conn, std::slice::from_mut(&mut p), viewer, ch.truncated_at).await?;
             let mut binds = vec![Bind::S(p.id.clone())];
             let vis = visible_to(viewer, ch.truncated_at, &mut binds);
-            let mut replies = paginate(&mut conn, &format!("m.parent_id = $1 AND {vis}"), binds, &Page { limit: reply_limit.clamp(0, 100), dir: PageDir::Latest }, "m.parent_id = $1").await?;
+            let mut replies = paginate(
+                &mut conn,
+                &format!("m.parent_id = $1 AND {vis}"),
+                binds,
+                &Page { limit: reply_limit.clamp(0, 100), dir: PageDir::Latest },
+                "m.parent_id = $1",
+            )
+            .await?;
             hydrate_messages(&mut conn, &mut replies, viewer, ch.truncated_at).await?;
             out.push((p, replies, ch));
         }
@@ -496,7 +608,10 @@ async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author:
         match load_message(&mut tx.tx, pid).await? {
             Some((p, false)) if p.cid == ch.cid => {
                 if p.parent_id.is_some() {
-                    return domain(Error::new(ErrorKind::MultipleNesting, format!("message {pid:?} is a reply; replies to replies are not allowed")));
+                    return domain(Error::new(
+                        ErrorKind::MultipleNesting,
+                        format!("message {pid:?} is a reply; replies to replies are not allowed"),
+                    ));
                 }
             }
             _ => return domain(Error::input(format!("parent message {pid:?} does not exist in channel {:?}", ch.cid))),
@@ -607,11 +722,12 @@ async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, pa
     let anchor = match &page.dir {
         PageDir::Latest => None,
         PageDir::Before { id, .. } | PageDir::After { id, .. } | PageDir::Around { id } => {
-            let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
-                .bind(binds[0].clone_str())
-                .bind(id.clone())
-                .fetch_optional(&mut *conn)
-                .await?;
+            let row: Option<AnyRow> =
+                sqlx::query(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
+                    .bind(binds[0].clone_str())
+                    .bind(id.clone())
+                    .fetch_optional(&mut *conn)
+                    .await?;
             match row {
                 Some(r) => Some((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?)),
                 None => return Ok(Vec::new()),
@@ -674,7 +790,12 @@ impl Bind {
 }
 
 /// Fills users, reactions, thread participants and quoted messages of a page.
-pub(crate) async fn hydrate_messages(conn: &mut AnyConnection, msgs: &mut [Message], viewer: &Viewer, truncated_at: Option<i64>) -> Result<()> {
+pub(crate) async fn hydrate_messages(
+    conn: &mut AnyConnection,
+    msgs: &mut [Message],
+    viewer: &Viewer,
+    truncated_at: Option<i64>,
+) -> Result<()> {
     if msgs.is_empty() {
         return Ok(());
     }

@@ -35,7 +35,8 @@ pub(crate) fn get_opt_json<T: DeserializeOwned>(row: &AnyRow, col: &str) -> Resu
     }
 }
 
-pub(crate) const USER_COLS: &str = "id, role, name, image, language, teams, custom, banned, shadow_banned, invisible, created_at, updated_at, deleted_at, last_active";
+pub(crate) const USER_COLS: &str =
+    "id, role, name, image, language, teams, custom, banned, shadow_banned, invisible, created_at, updated_at, deleted_at, last_active";
 
 pub(crate) fn user(row: &AnyRow) -> Result<User> {
     Ok(User {

@@ -134,17 +134,19 @@ impl Store {
     }
 
     pub async fn channel_type(&self, name: &str) -> Result<Option<ChannelType>> {
-        let row: Option<AnyRow> = sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
-            .bind(name.to_string())
-            .fetch_optional(self.pool())
-            .await?;
+        let row: Option<AnyRow> =
+            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
+                .bind(name.to_string())
+                .fetch_optional(self.pool())
+                .await?;
         row.as_ref().map(rows::channel_type).transpose()
     }
 
     pub async fn channel_types(&self) -> Result<Vec<ChannelType>> {
-        let rows: Vec<AnyRow> = sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type ORDER BY name")
-            .fetch_all(self.pool())
-            .await?;
+        let rows: Vec<AnyRow> =
+            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type ORDER BY name")
+                .fetch_all(self.pool())
+                .await?;
         rows.iter().map(rows::channel_type).collect()
     }
 
@@ -152,10 +154,11 @@ impl Store {
     pub async fn put_channel_type(&self, name: &str, max_message_length: Option<i64>, extra: &Custom) -> Result<ChannelType> {
         let mut tx = self.begin().await?;
         let now = time::now();
-        let row: Option<AnyRow> = sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
-            .bind(name.to_string())
-            .fetch_optional(&mut *tx.tx)
-            .await?;
+        let row: Option<AnyRow> =
+            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
+                .bind(name.to_string())
+                .fetch_optional(&mut *tx.tx)
+                .await?;
         let ct = match row.as_ref().map(rows::channel_type).transpose()? {
             Some(mut ct) => {
                 if let Some(m) = max_message_length {
@@ -175,14 +178,22 @@ impl Store {
                 ct
             }
             None => {
-                let ct = ChannelType { name: name.to_string(), max_message_length: max_message_length.unwrap_or(5000), extra: extra.clone(), created_at: now, updated_at: now };
-                sqlx::query("INSERT INTO channel_type (name, max_message_length, extra, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)")
-                    .bind(name.to_string())
-                    .bind(ct.max_message_length)
-                    .bind(serde_json::to_string(&ct.extra)?)
-                    .bind(now)
-                    .execute(&mut *tx.tx)
-                    .await?;
+                let ct = ChannelType {
+                    name: name.to_string(),
+                    max_message_length: max_message_length.unwrap_or(5000),
+                    extra: extra.clone(),
+                    created_at: now,
+                    updated_at: now,
+                };
+                sqlx::query(
+                    "INSERT INTO channel_type (name, max_message_length, extra, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)",
+                )
+                .bind(name.to_string())
+                .bind(ct.max_message_length)
+                .bind(serde_json::to_string(&ct.extra)?)
+                .bind(now)
+                .execute(&mut *tx.tx)
+                .await?;
                 ct
             }
         };

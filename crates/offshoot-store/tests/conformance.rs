@@ -26,18 +26,10 @@ use std::collections::BTreeSet;
 use support::{test_backend, with_store, TestBackend, TestDb};
 
 fn migration_names(dir: &str) -> BTreeSet<String> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../migrations")
-        .join(dir);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations").join(dir);
     std::fs::read_dir(&path)
         .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-        .map(|entry| {
-            entry
-                .expect("directory entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
+        .map(|entry| entry.expect("directory entry").file_name().to_string_lossy().into_owned())
         .filter(|name| name.ends_with(".sql"))
         .collect()
 }
@@ -47,25 +39,17 @@ fn sqlite_and_postgres_migrations_have_the_same_versions() {
     let sqlite = migration_names("sqlite");
     let postgres = migration_names("postgres");
     assert!(!sqlite.is_empty(), "migrations/sqlite holds no migrations");
-    assert_eq!(
-        sqlite, postgres,
-        "migrations/sqlite and migrations/postgres must hold the same file names"
-    );
+    assert_eq!(sqlite, postgres, "migrations/sqlite and migrations/postgres must hold the same file names");
     for name in &sqlite {
         let version = name.split('_').next().unwrap_or_default();
-        assert!(
-            !version.is_empty() && version.chars().all(|c| c.is_ascii_digit()),
-            "{name} does not start with a version number"
-        );
+        assert!(!version.is_empty() && version.chars().all(|c| c.is_ascii_digit()), "{name} does not start with a version number");
     }
 }
 
 #[tokio::test]
 async fn connect_migrates_a_fresh_database_and_a_second_connect_is_a_no_op() {
     let db = TestDb::new().await;
-    let first = Store::connect(&db.url)
-        .await
-        .expect("first connect migrates");
+    let first = Store::connect(&db.url).await.expect("first connect migrates");
     let expected = match test_backend() {
         TestBackend::Sqlite => Backend::Sqlite,
         TestBackend::Postgres => Backend::Postgres,
@@ -73,34 +57,15 @@ async fn connect_migrates_a_fresh_database_and_a_second_connect_is_a_no_op() {
     assert_eq!(first.backend(), expected);
     assert_eq!(Backend::from_url(&db.url), expected);
     first.ping().await.expect("ping");
-    first
-        .upsert_users(&[support::user_input("survivor")])
-        .await
-        .expect("upsert");
+    first.upsert_users(&[support::user_input("survivor")]).await.expect("upsert");
     first.close().await;
 
     // Running the migrations again finds them applied and keeps the data.
-    let second = Store::connect(&db.url)
-        .await
-        .expect("second connect finds the migrations applied");
+    let second = Store::connect(&db.url).await.expect("second connect finds the migrations applied");
     second.ping().await.expect("ping after reconnect");
-    assert!(
-        second
-            .get_user("survivor")
-            .await
-            .expect("get user")
-            .is_some(),
-        "data written before the reconnect is still there"
-    );
-    let agent = second
-        .channel_type("agent")
-        .await
-        .expect("channel type")
-        .expect("seeded agent type");
-    assert_eq!(
-        agent.max_message_length, 5000,
-        "the seed rows were not inserted twice or changed"
-    );
+    assert!(second.get_user("survivor").await.expect("get user").is_some(), "data written before the reconnect is still there");
+    let agent = second.channel_type("agent").await.expect("channel type").expect("seeded agent type");
+    assert_eq!(agent.max_message_length, 5000, "the seed rows were not inserted twice or changed");
     second.close().await;
     db.remove().await;
 }

@@ -23,11 +23,7 @@ pub struct BackfillConfig {
 
 impl Default for BackfillConfig {
     fn default() -> Self {
-        BackfillConfig {
-            page_size: offshoot_core::fork::BACKFILL_PAGE,
-            page_delay: Duration::ZERO,
-            poll_interval: Duration::from_secs(1),
-        }
+        BackfillConfig { page_size: offshoot_core::fork::BACKFILL_PAGE, page_delay: Duration::ZERO, poll_interval: Duration::from_secs(1) }
     }
 }
 
@@ -37,12 +33,7 @@ const PARALLEL_FORKS: usize = 4;
 /// Runs until `shutdown`. `wake` is notified by the API when it creates a backfilling fork.
 /// Every pass re-reads the backfilling forks from the database, so a fork whose wake-up was
 /// lost (a crash between commit and notify, another process) is picked up by the next poll.
-pub async fn run(
-    store: Store,
-    config: BackfillConfig,
-    wake: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
+pub async fn run(store: Store, config: BackfillConfig, wake: Arc<Notify>, shutdown: CancellationToken) {
     tracing::info!(page_size = config.page_size, "backfill worker started");
     let mut running: HashSet<String> = HashSet::new();
     let mut tasks: JoinSet<String> = JoinSet::new();
@@ -54,8 +45,7 @@ pub async fn run(
                         break;
                     }
                     if running.insert(cid.clone()) {
-                        let (store, config, shutdown) =
-                            (store.clone(), config.clone(), shutdown.clone());
+                        let (store, config, shutdown) = (store.clone(), config.clone(), shutdown.clone());
                         tasks.spawn(async move {
                             drain(&store, &config, &cid, &shutdown).await;
                             cid

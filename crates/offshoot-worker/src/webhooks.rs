@@ -37,23 +37,14 @@ const LEASE: Duration = Duration::from_secs(30);
 /// Runs until `shutdown`, then waits (bounded by one attempt's timeout) for deliveries in
 /// flight.
 pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: CancellationToken) {
-    let client = match reqwest::Client::builder()
-        .timeout(ATTEMPT_TIMEOUT)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-    {
+    let client = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).redirect(reqwest::redirect::Policy::none()).build() {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the webhook HTTP client; webhooks are off");
             return;
         }
     };
-    let ctx = Arc::new(Ctx {
-        store,
-        client,
-        api_key,
-        api_secret,
-    });
+    let ctx = Arc::new(Ctx { store, client, api_key, api_secret });
     let notify = ctx.store.event_notify();
     let mut in_flight: JoinSet<()> = JoinSet::new();
     let mut failing = false;
@@ -88,14 +79,10 @@ pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: Ca
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
         }
     }
-    let drained = tokio::time::timeout(ATTEMPT_TIMEOUT + Duration::from_secs(1), async {
-        while in_flight.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(ATTEMPT_TIMEOUT + Duration::from_secs(1), async { while in_flight.join_next().await.is_some() {} }).await;
     if drained.is_err() {
-        tracing::warn!(
-            "webhook deliveries still in flight at shutdown; they are retried after restart"
-        );
+        tracing::warn!("webhook deliveries still in flight at shutdown; they are retried after restart");
     }
     tracing::info!("webhook delivery stopped");
 }
@@ -127,16 +114,10 @@ async fn queue_new(store: &Store) -> Result<(), StoreError> {
         let deliveries: Vec<(i64, String)> = batch
             .iter()
             .filter(|e| e.audience.webhooks && !e.event.kind.is_empty())
-            .flat_map(|e| {
-                webhook_urls(&settings, &e.event.kind)
-                    .into_iter()
-                    .map(move |url| (e.seq, url))
-            })
+            .flat_map(|e| webhook_urls(&settings, &e.event.kind).into_iter().map(move |url| (e.seq, url)))
             .collect();
         // False: another worker queued this range first; read its cursor again.
-        let advanced = store
-            .advance_cursor_from(CURSOR, from, to, &deliveries)
-            .await?;
+        let advanced = store.advance_cursor_from(CURSOR, from, to, &deliveries).await?;
         if advanced && (batch.len() as i64) < BATCH {
             return Ok(());
         }
@@ -173,45 +154,22 @@ pub fn webhook_urls(settings: &AppSettings, kind: &str) -> Vec<String> {
         empty || types.any(|t| t == kind || t == "*")
     }
     let mut urls: Vec<String> = Vec::new();
-    if let Some(url) = settings
-        .webhook_url
-        .as_deref()
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-    {
-        if wants(
-            settings.webhook_events.iter().map(String::as_str),
-            kind,
-            settings.webhook_events.is_empty(),
-        ) {
+    if let Some(url) = settings.webhook_url.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
+        if wants(settings.webhook_events.iter().map(String::as_str), kind, settings.webhook_events.is_empty()) {
             urls.push(url.to_string());
         }
     }
     for hook in settings.event_hooks.iter().filter_map(|h| h.as_object()) {
-        let kind_of_hook = hook
-            .get("hook_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("webhook");
-        let enabled = hook
-            .get("enabled")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(true);
-        let Some(url) = hook
-            .get("webhook_url")
-            .and_then(|v| v.as_str())
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-        else {
+        let kind_of_hook = hook.get("hook_type").and_then(|v| v.as_str()).unwrap_or("webhook");
+        let enabled = hook.get("enabled").and_then(|v| v.as_bool()).unwrap_or(true);
+        let Some(url) = hook.get("webhook_url").and_then(|v| v.as_str()).map(str::trim).filter(|u| !u.is_empty()) else {
             continue;
         };
         if kind_of_hook != "webhook" || !enabled {
             continue;
         }
-        let types: Vec<&str> = hook
-            .get("event_types")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|t| t.as_str()).collect())
-            .unwrap_or_default();
+        let types: Vec<&str> =
+            hook.get("event_types").and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|t| t.as_str()).collect()).unwrap_or_default();
         if wants(types.iter().copied(), kind, types.is_empty()) {
             urls.push(url.to_string());
         }
@@ -231,8 +189,7 @@ fn webhook_dialect(settings: &AppSettings) -> Dialect {
 
 /// Lowercase hex HMAC-SHA256 of `body` keyed with the API secret (`X-Signature`).
 pub fn sign(secret: &str, body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
-        .expect("HMAC accepts keys of any length");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("HMAC accepts keys of any length");
     mac.update(body);
     hex::encode(mac.finalize().into_bytes())
 }
@@ -253,10 +210,7 @@ fn classify_status(status: reqwest::StatusCode) -> Outcome {
     if status.is_success() {
         Outcome::Delivered
     } else if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {
-        Outcome::Retry {
-            reason: format!("HTTP {status}"),
-            max_attempts: 3,
-        }
+        Outcome::Retry { reason: format!("HTTP {status}"), max_attempts: 3 }
     } else {
         Outcome::GiveUp(format!("HTTP {status}"))
     }
@@ -270,14 +224,7 @@ fn backoff(attempt: i64) -> Duration {
     }
 }
 
-async fn deliver(
-    ctx: &Ctx,
-    dialect: Dialect,
-    id: String,
-    ev: OutboxEvent,
-    url: String,
-    attempts: i64,
-) {
+async fn deliver(ctx: &Ctx, dialect: Dialect, id: String, ev: OutboxEvent, url: String, attempts: i64) {
     let attempt = attempts + 1;
     let outcome = if ev.event.kind.is_empty() {
         Outcome::GiveUp("the event could not be decoded".into())
@@ -289,10 +236,7 @@ async fn deliver(
             tracing::debug!(delivery = %id, seq = ev.seq, %url, attempt, "webhook delivered");
             None
         }
-        Outcome::Retry {
-            reason,
-            max_attempts,
-        } if attempt < *max_attempts => {
+        Outcome::Retry { reason, max_attempts } if attempt < *max_attempts => {
             tracing::info!(delivery = %id, seq = ev.seq, %url, attempt, %reason, "webhook attempt failed; retrying");
             Some(time::now() + backoff(attempt).as_nanos() as i64)
         }
@@ -311,14 +255,7 @@ async fn deliver(
     }
 }
 
-async fn post(
-    ctx: &Ctx,
-    dialect: Dialect,
-    id: &str,
-    ev: &OutboxEvent,
-    url: &str,
-    attempt: i64,
-) -> Outcome {
+async fn post(ctx: &Ctx, dialect: Dialect, id: &str, ev: &OutboxEvent, url: &str, attempt: i64) -> Outcome {
     let body = match serde_json::to_vec(&render::event(dialect, &ev.event)) {
         Ok(b) => b,
         Err(e) => return Outcome::GiveUp(format!("rendering the event failed: {e}")),
@@ -334,15 +271,9 @@ async fn post(
         .body(body);
     match request.send().await {
         Ok(resp) => classify_status(resp.status()),
-        Err(e) if e.is_timeout() => Outcome::Retry {
-            reason: "timed out".into(),
-            max_attempts: 3,
-        },
+        Err(e) if e.is_timeout() => Outcome::Retry { reason: "timed out".into(), max_attempts: 3 },
         Err(e) if e.is_builder() => Outcome::GiveUp(format!("invalid webhook URL: {e}")),
-        Err(e) => Outcome::Retry {
-            reason: format!("network error: {e}"),
-            max_attempts: 2,
-        },
+        Err(e) => Outcome::Retry { reason: format!("network error: {e}"), max_attempts: 2 },
     }
 }
 
@@ -354,19 +285,12 @@ mod tests {
     #[test]
     fn the_signature_is_lowercase_hex_hmac_sha256_of_the_body() {
         // RFC 4231 test case 2.
-        assert_eq!(
-            sign("Jefe", b"what do ya want for nothing?"),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
+        assert_eq!(sign("Jefe", b"what do ya want for nothing?"), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
     }
 
     #[test]
     fn urls_come_from_webhook_url_and_enabled_webhook_hooks_filtered_by_type() {
-        let mut s = AppSettings {
-            webhook_url: Some("http://a/".into()),
-            webhook_events: vec!["message.new".into()],
-            ..Default::default()
-        };
+        let mut s = AppSettings { webhook_url: Some("http://a/".into()), webhook_events: vec!["message.new".into()], ..Default::default() };
         s.event_hooks = vec![
             json!({"hook_type": "webhook", "enabled": true, "webhook_url": "http://b/", "event_types": []}),
             json!({"hook_type": "webhook", "enabled": false, "webhook_url": "http://c/"}),
@@ -375,14 +299,8 @@ mod tests {
             json!({"hook_type": "webhook", "enabled": true, "webhook_url": "http://a/"}),
             json!("not an object"),
         ];
-        assert_eq!(
-            webhook_urls(&s, "message.new"),
-            vec!["http://a/", "http://b/"]
-        );
-        assert_eq!(
-            webhook_urls(&s, "channel.forked"),
-            vec!["http://b/", "http://e/", "http://a/"]
-        );
+        assert_eq!(webhook_urls(&s, "message.new"), vec!["http://a/", "http://b/"]);
+        assert_eq!(webhook_urls(&s, "channel.forked"), vec!["http://b/", "http://e/", "http://a/"]);
         assert!(webhook_urls(&AppSettings::default(), "message.new").is_empty());
     }
 
@@ -391,28 +309,10 @@ mod tests {
         use reqwest::StatusCode;
         assert_eq!(classify_status(StatusCode::OK), Outcome::Delivered);
         assert_eq!(classify_status(StatusCode::NO_CONTENT), Outcome::Delivered);
-        for s in [
-            StatusCode::REQUEST_TIMEOUT,
-            StatusCode::TOO_MANY_REQUESTS,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            StatusCode::BAD_GATEWAY,
-        ] {
-            assert!(
-                matches!(
-                    classify_status(s),
-                    Outcome::Retry {
-                        max_attempts: 3,
-                        ..
-                    }
-                ),
-                "{s}"
-            );
+        for s in [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS, StatusCode::INTERNAL_SERVER_ERROR, StatusCode::BAD_GATEWAY] {
+            assert!(matches!(classify_status(s), Outcome::Retry { max_attempts: 3, .. }), "{s}");
         }
-        for s in [
-            StatusCode::BAD_REQUEST,
-            StatusCode::NOT_FOUND,
-            StatusCode::FOUND,
-        ] {
+        for s in [StatusCode::BAD_REQUEST, StatusCode::NOT_FOUND, StatusCode::FOUND] {
             assert!(matches!(classify_status(s), Outcome::GiveUp(_)), "{s}");
         }
     }

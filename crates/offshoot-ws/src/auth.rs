@@ -50,18 +50,8 @@ const NOT_CUSTOM: &[&str] = &[
 
 pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, Error> {
     match creds.api_key.as_deref() {
-        None | Some("") => {
-            return Err(Error::new(
-                ErrorKind::BadApiKey,
-                "the api_key query parameter is missing",
-            ))
-        }
-        Some(k) if k != hub.api_key => {
-            return Err(Error::new(
-                ErrorKind::BadApiKey,
-                format!("api_key {k:?} is not valid"),
-            ))
-        }
+        None | Some("") => return Err(Error::new(ErrorKind::BadApiKey, "the api_key query parameter is missing")),
+        Some(k) if k != hub.api_key => return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid"))),
         Some(_) => {}
     }
     if creds.token.is_empty() {
@@ -69,43 +59,26 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
             // Never trust a client-chosen id here: events addressed to that user would leak.
             let now = time::now();
             let id = uuid::Uuid::new_v4().to_string();
-            return Ok(User {
-                created_at: now,
-                updated_at: now,
-                ..User::placeholder(&id, "anonymous")
-            });
+            return Ok(User { created_at: now, updated_at: now, ..User::placeholder(&id, "anonymous") });
         }
-        return Err(Error::new(
-            ErrorKind::Auth,
-            "the authorization query parameter (a user token) is missing",
-        ));
+        return Err(Error::new(ErrorKind::Auth, "the authorization query parameter (a user token) is missing"));
     }
     let now = time::now();
     let claims = token::verify(&creds.token, &hub.api_secret, now / 1_000_000_000)?;
     let user_id = match (claims.user_id, creds.user_id) {
         (Some(t), Some(r)) if t != r => {
-            return Err(Error::new(
-                ErrorKind::Auth,
-                format!("the token is for user {t:?}, not for {r:?}"),
-            ));
+            return Err(Error::new(ErrorKind::Auth, format!("the token is for user {t:?}, not for {r:?}")));
         }
         (Some(t), _) => t,
         // A server token holds every permission; it may connect as any user it names.
         (None, Some(r)) => r,
-        (None, None) => {
-            return Err(Error::input(
-                "user_id is missing: connect with a user token or name the user",
-            ))
-        }
+        (None, None) => return Err(Error::input("user_id is missing: connect with a user token or name the user")),
     };
     let user_id = ids::parse_user_id(&user_id)?;
     let settings = hub.store.app_settings().await.map_err(Error::from)?;
     if let (Some(revoked), Some(iat)) = (settings.revoke_tokens_issued_before, claims.iat) {
         if iat.saturating_mul(1_000_000_000) < revoked {
-            return Err(Error::new(
-                ErrorKind::Auth,
-                "the token was revoked: it was issued before the app's revoke_tokens_issued_before",
-            ));
+            return Err(Error::new(ErrorKind::Auth, "the token was revoked: it was issued before the app's revoke_tokens_issued_before"));
         }
     }
     let existing = hub.store.get_user(&user_id).await.map_err(Error::from)?;
@@ -119,19 +92,11 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
 /// Creates the user on first connect and applies the fields `user_details` sets. Unlike the
 /// upsert endpoint, fields the details leave out keep their stored values, and the role,
 /// teams and ban flags are never taken from the client.
-async fn upsert_on_connect(
-    hub: &Hub,
-    user_id: &str,
-    existing: Option<User>,
-    details: Option<&Map<String, Value>>,
-) -> Result<User, Error> {
+async fn upsert_on_connect(hub: &Hub, user_id: &str, existing: Option<User>, details: Option<&Map<String, Value>>) -> Result<User, Error> {
     let empty = Map::new();
     let details = details.unwrap_or(&empty);
     let text = |key: &str| details.get(key).and_then(Value::as_str).map(str::to_string);
-    let mut custom: Custom = existing
-        .as_ref()
-        .map(|u| u.custom.clone())
-        .unwrap_or_default();
+    let mut custom: Custom = existing.as_ref().map(|u| u.custom.clone()).unwrap_or_default();
     for (k, v) in details {
         if !NOT_CUSTOM.contains(&k.as_str()) {
             custom.insert(k.clone(), v.clone());
@@ -153,20 +118,13 @@ async fn upsert_on_connect(
     if let Some(u) = &existing {
         let unchanged = input.name == u.name
             && input.image == u.image
-            && input
-                .language
-                .as_ref()
-                .is_none_or(|l| Some(l) == u.language.as_ref())
+            && input.language.as_ref().is_none_or(|l| Some(l) == u.language.as_ref())
             && input.invisible.is_none_or(|i| i == u.invisible)
             && input.custom == u.custom;
         if unchanged {
             return Ok(u.clone());
         }
     }
-    let mut users = hub
-        .store
-        .upsert_users(&[input])
-        .await
-        .map_err(Error::from)?;
+    let mut users = hub.store.upsert_users(&[input]).await.map_err(Error::from)?;
     users.pop().ok_or_else(Error::internal)
 }

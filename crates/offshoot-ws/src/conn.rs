@@ -43,19 +43,18 @@ pub(crate) async fn connect_legacy(
     Query(params): Query<HashMap<String, String>>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    ws.max_message_size(MAX_INCOMING)
-        .on_upgrade(move |socket| async move {
-            let (mut sink, source) = socket.split();
-            let creds = legacy_credentials(&params);
-            let user = match creds {
-                Ok(creds) => auth::authenticate(&hub, creds).await,
-                Err(e) => Err(e),
-            };
-            match user {
-                Ok(user) => session(hub, sink, source, user, Dialect::Legacy, "health.check").await,
-                Err(e) => reject(&mut sink, source, &e).await,
-            }
-        })
+    ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+        let (mut sink, source) = socket.split();
+        let creds = legacy_credentials(&params);
+        let user = match creds {
+            Ok(creds) => auth::authenticate(&hub, creds).await,
+            Err(e) => Err(e),
+        };
+        match user {
+            Ok(user) => session(hub, sink, source, user, Dialect::Legacy, "health.check").await,
+            Err(e) => reject(&mut sink, source, &e).await,
+        }
+    })
 }
 
 /// `GET /api/v2/connect?api_key=…`; the client's first frame carries the token.
@@ -64,31 +63,26 @@ pub(crate) async fn connect_v2(
     Query(params): Query<HashMap<String, String>>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    ws.max_message_size(MAX_INCOMING)
-        .on_upgrade(move |socket| async move {
-            let (mut sink, mut source) = socket.split();
-            let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
-                Ok(Some(text)) => v2_credentials(&params, &text),
-                Ok(None) => return,
-                Err(_) => Err(Error::input(
-                    "no auth frame ({\"token\": …, \"user_details\": {\"id\": …}}) within 10 s",
-                )),
-            };
-            let user = match creds {
-                Ok(creds) => auth::authenticate(&hub, creds).await,
-                Err(e) => Err(e),
-            };
-            match user {
-                Ok(user) => session(hub, sink, source, user, Dialect::V2, "connection.ok").await,
-                Err(e) => reject(&mut sink, source, &e).await,
-            }
-        })
+    ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+        let (mut sink, mut source) = socket.split();
+        let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
+            Ok(Some(text)) => v2_credentials(&params, &text),
+            Ok(None) => return,
+            Err(_) => Err(Error::input("no auth frame ({\"token\": …, \"user_details\": {\"id\": …}}) within 10 s")),
+        };
+        let user = match creds {
+            Ok(creds) => auth::authenticate(&hub, creds).await,
+            Err(e) => Err(e),
+        };
+        match user {
+            Ok(user) => session(hub, sink, source, user, Dialect::V2, "connection.ok").await,
+            Err(e) => reject(&mut sink, source, &e).await,
+        }
+    })
 }
 
 fn anonymous(params: &HashMap<String, String>) -> bool {
-    params
-        .get("stream-auth-type")
-        .is_some_and(|t| t.eq_ignore_ascii_case("anonymous"))
+    params.get("stream-auth-type").is_some_and(|t| t.eq_ignore_ascii_case("anonymous"))
 }
 
 fn legacy_credentials(params: &HashMap<String, String>) -> Result<Credentials, Error> {
@@ -96,26 +90,14 @@ fn legacy_credentials(params: &HashMap<String, String>) -> Result<Credentials, E
         None | Some("") => Map::new(),
         Some(raw) => match serde_json::from_str(raw) {
             Ok(Value::Object(o)) => o,
-            _ => {
-                return Err(Error::input(
-                    "the json query parameter must be a JSON object",
-                ))
-            }
+            _ => return Err(Error::input("the json query parameter must be a JSON object")),
         },
     };
-    let user_details = payload
-        .get("user_details")
-        .and_then(Value::as_object)
-        .cloned();
+    let user_details = payload.get("user_details").and_then(Value::as_object).cloned();
     let user_id = payload
         .get("user_id")
         .and_then(Value::as_str)
-        .or_else(|| {
-            user_details
-                .as_ref()
-                .and_then(|d| d.get("id"))
-                .and_then(Value::as_str)
-        })
+        .or_else(|| user_details.as_ref().and_then(|d| d.get("id")).and_then(Value::as_str))
         .map(str::to_string);
     Ok(Credentials {
         api_key: params.get("api_key").cloned(),
@@ -128,27 +110,14 @@ fn legacy_credentials(params: &HashMap<String, String>) -> Result<Credentials, E
 
 fn v2_credentials(params: &HashMap<String, String>, frame: &str) -> Result<Credentials, Error> {
     let Ok(Value::Object(payload)) = serde_json::from_str::<Value>(frame) else {
-        return Err(Error::input(
-            "the first frame must be a JSON object {\"token\": …, \"user_details\": {\"id\": …}}",
-        ));
+        return Err(Error::input("the first frame must be a JSON object {\"token\": …, \"user_details\": {\"id\": …}}"));
     };
-    let user_details = payload
-        .get("user_details")
-        .and_then(Value::as_object)
-        .cloned();
+    let user_details = payload.get("user_details").and_then(Value::as_object).cloned();
     Ok(Credentials {
         api_key: params.get("api_key").cloned(),
         anonymous: anonymous(params),
-        token: payload
-            .get("token")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        user_id: user_details
-            .as_ref()
-            .and_then(|d| d.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        token: payload.get("token").and_then(Value::as_str).unwrap_or_default().to_string(),
+        user_id: user_details.as_ref().and_then(|d| d.get("id")).and_then(Value::as_str).map(str::to_string),
         user_details,
     })
 }
@@ -183,35 +152,16 @@ async fn reject(sink: &mut Sink, mut source: Source, e: &Error) {
     let _ = send(sink, Message::Text(body.to_string().into())).await;
     close(sink, CLOSE_REJECTED, "").await;
     // Wait (bounded) for the client's close reply so the close handshake completes.
-    let _ = timeout(Duration::from_secs(1), async {
-        while let Some(Ok(_)) = source.next().await {}
-    })
-    .await;
+    let _ = timeout(Duration::from_secs(1), async { while let Some(Ok(_)) = source.next().await {} }).await;
 }
 
-async fn session(
-    hub: Arc<Hub>,
-    mut sink: Sink,
-    mut source: Source,
-    user: User,
-    dialect: Dialect,
-    hello: &str,
-) {
+async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, dialect: Dialect, hello: &str) {
     let conn_id = uuid::Uuid::new_v4().to_string();
     let me = render_me(dialect, &user);
     let (queue, mut events) = mpsc::channel(QUEUE_CAPACITY);
     let kick = CancellationToken::new();
     // Registered before the first frame, so a watch sent right after it finds the connection.
-    hub.register(
-        conn_id.clone(),
-        Conn {
-            user_id: user.id.clone(),
-            dialect,
-            queue,
-            watching: HashSet::new(),
-            kick: kick.clone(),
-        },
-    );
+    hub.register(conn_id.clone(), Conn { user_id: user.id.clone(), dialect, queue, watching: HashSet::new(), kick: kick.clone() });
     tracing::debug!(connection_id = %conn_id, user_id = %user.id, "websocket connected");
 
     let heartbeat_frame = |kind: &str| {
@@ -271,12 +221,7 @@ fn render_me(dialect: Dialect, user: &User) -> Value {
     let mut me = render::user(dialect, user);
     if let Value::Object(o) = &mut me {
         o.insert("online".into(), true.into());
-        for key in [
-            "total_unread_count",
-            "unread_channels",
-            "unread_count",
-            "unread_threads",
-        ] {
+        for key in ["total_unread_count", "unread_channels", "unread_count", "unread_threads"] {
             o.insert(key.into(), 0.into());
         }
         for key in ["channel_mutes", "mutes", "devices"] {
@@ -301,10 +246,7 @@ async fn send(sink: &mut Sink, msg: Message) -> Result<(), ()> {
 }
 
 async fn close(sink: &mut Sink, code: u16, reason: &str) {
-    let frame = Message::Close(Some(CloseFrame {
-        code,
-        reason: Utf8Bytes::from(reason),
-    }));
+    let frame = Message::Close(Some(CloseFrame { code, reason: Utf8Bytes::from(reason) }));
     let _ = timeout(Duration::from_secs(1), async {
         let _ = sink.send(frame).await;
         let _ = sink.close().await;
@@ -318,25 +260,16 @@ mod tests {
 
     #[test]
     fn heartbeats_are_recognised_as_arrays_and_objects() {
-        assert!(is_health_check(&Utf8Bytes::from(
-            r#"[{"type":"health.check","client_id":"u1--x"}]"#
-        )));
-        assert!(is_health_check(&Utf8Bytes::from(
-            r#"{"type":"health.check"}"#
-        )));
-        assert!(!is_health_check(&Utf8Bytes::from(
-            r#"{"type":"typing.start"}"#
-        )));
+        assert!(is_health_check(&Utf8Bytes::from(r#"[{"type":"health.check","client_id":"u1--x"}]"#)));
+        assert!(is_health_check(&Utf8Bytes::from(r#"{"type":"health.check"}"#)));
+        assert!(!is_health_check(&Utf8Bytes::from(r#"{"type":"typing.start"}"#)));
         assert!(!is_health_check(&Utf8Bytes::from("not json")));
     }
 
     #[test]
     fn legacy_credentials_take_the_user_from_json_and_the_token_from_authorization() {
         let params: HashMap<String, String> = [
-            (
-                "json",
-                r#"{"user_id":"u1","user_details":{"id":"u1","name":"U"}}"#,
-            ),
+            ("json", r#"{"user_id":"u1","user_details":{"id":"u1","name":"U"}}"#),
             ("api_key", "k"),
             ("authorization", "t"),
             ("stream-auth-type", "jwt"),
@@ -349,9 +282,7 @@ mod tests {
         assert_eq!(c.token, "t");
         assert!(!c.anonymous);
         assert_eq!(c.user_details.unwrap()["name"], "U");
-        let bad: HashMap<String, String> = [("json".to_string(), "[1]".to_string())]
-            .into_iter()
-            .collect();
+        let bad: HashMap<String, String> = [("json".to_string(), "[1]".to_string())].into_iter().collect();
         assert!(legacy_credentials(&bad).is_err());
     }
 

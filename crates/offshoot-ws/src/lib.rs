@@ -64,10 +64,7 @@ struct Conn {
 
 impl Registry {
     fn insert(&mut self, id: String, conn: Conn) {
-        self.by_user
-            .entry(conn.user_id.clone())
-            .or_default()
-            .insert(id.clone());
+        self.by_user.entry(conn.user_id.clone()).or_default().insert(id.clone());
         self.conns.insert(id, conn);
     }
 
@@ -85,11 +82,7 @@ impl Registry {
         let Some(ids) = self.watchers.get(cid) else {
             return 0;
         };
-        ids.iter()
-            .filter_map(|id| self.conns.get(id))
-            .map(|c| c.user_id.as_str())
-            .collect::<HashSet<_>>()
-            .len()
+        ids.iter().filter_map(|id| self.conns.get(id)).map(|c| c.user_id.as_str()).collect::<HashSet<_>>().len()
     }
 }
 
@@ -104,21 +97,12 @@ fn remove_from(map: &mut HashMap<String, HashSet<String>>, key: &str, id: &str) 
 
 impl Hub {
     pub fn new(store: Store, api_key: String, api_secret: String) -> Arc<Hub> {
-        Arc::new(Hub {
-            store,
-            api_key,
-            api_secret,
-            registry: RwLock::default(),
-            closing: CancellationToken::new(),
-        })
+        Arc::new(Hub { store, api_key, api_secret, registry: RwLock::default(), closing: CancellationToken::new() })
     }
 
     /// `GET /connect` (legacy) and `GET /api/v2/connect` (v2).
     pub fn router(self: Arc<Self>) -> Router {
-        Router::new()
-            .route("/connect", get(conn::connect_legacy))
-            .route("/api/v2/connect", get(conn::connect_v2))
-            .with_state(self)
+        Router::new().route("/connect", get(conn::connect_legacy)).route("/api/v2/connect", get(conn::connect_v2)).with_state(self)
     }
 
     /// Follows the outbox and fans events out until `shutdown`; then closes every connection.
@@ -132,11 +116,7 @@ impl Hub {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let result = match cursor {
-                None => self
-                    .store
-                    .last_event_seq()
-                    .await
-                    .map(|seq| cursor = Some(seq)),
+                None => self.store.last_event_seq().await.map(|seq| cursor = Some(seq)),
                 Some(ref mut seq) => self.catch_up(seq).await,
             };
             match result {
@@ -185,12 +165,7 @@ impl Hub {
         {
             let reg = self.read();
             let mut targets: Vec<&String> = Vec::new();
-            if let Some(ids) = ev
-                .audience
-                .watchers_of
-                .as_deref()
-                .and_then(|cid| reg.watchers.get(cid))
-            {
+            if let Some(ids) = ev.audience.watchers_of.as_deref().and_then(|cid| reg.watchers.get(cid)) {
                 targets.extend(ids);
             }
             for user in &ev.audience.users {
@@ -212,9 +187,7 @@ impl Hub {
                     Dialect::Legacy => 0,
                     Dialect::V2 => 1,
                 };
-                let text = rendered[slot]
-                    .get_or_insert_with(|| render_event(&reg, conn.dialect, &ev.event))
-                    .clone();
+                let text = rendered[slot].get_or_insert_with(|| render_event(&reg, conn.dialect, &ev.event)).clone();
                 match conn.queue.try_send(text) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
@@ -263,10 +236,7 @@ impl Watchers for Hub {
             return false;
         };
         conn.watching.insert(cid.to_string());
-        reg.watchers
-            .entry(cid.to_string())
-            .or_default()
-            .insert(connection_id.to_string());
+        reg.watchers.entry(cid.to_string()).or_default().insert(connection_id.to_string());
         true
     }
 
@@ -350,33 +320,18 @@ mod tests {
         (Hub::new(store, "k".into(), "s".into()), dir)
     }
 
-    fn conn(
-        hub: &Hub,
-        id: &str,
-        user: &str,
-        capacity: usize,
-    ) -> (mpsc::Receiver<Utf8Bytes>, CancellationToken) {
+    fn conn(hub: &Hub, id: &str, user: &str, capacity: usize) -> (mpsc::Receiver<Utf8Bytes>, CancellationToken) {
         let (tx, rx) = mpsc::channel(capacity);
         let kick = CancellationToken::new();
         hub.register(
             id.into(),
-            Conn {
-                user_id: user.into(),
-                dialect: Dialect::Legacy,
-                queue: tx,
-                watching: HashSet::new(),
-                kick: kick.clone(),
-            },
+            Conn { user_id: user.into(), dialect: Dialect::Legacy, queue: tx, watching: HashSet::new(), kick: kick.clone() },
         );
         (rx, kick)
     }
 
     fn outbox(event: Event, audience: Audience) -> OutboxEvent {
-        OutboxEvent {
-            seq: 1,
-            event,
-            audience,
-        }
+        OutboxEvent { seq: 1, event, audience }
     }
 
     #[tokio::test]
@@ -387,20 +342,13 @@ mod tests {
         let (mut c, _) = conn(&hub, "c", "carol", 8);
         assert!(hub.watch("a", "agent:c1"));
         assert!(!hub.watch("nope", "agent:c1"));
-        let audience = Audience {
-            watchers_of: Some("agent:c1".into()),
-            users: vec!["alice".into(), "bob".into()],
-            webhooks: false,
-        };
+        let audience = Audience { watchers_of: Some("agent:c1".into()), users: vec!["alice".into(), "bob".into()], webhooks: false };
         hub.dispatch(&outbox(message_event("alice", false, &[]), audience));
         let text = a.try_recv().unwrap();
         let v: Value = serde_json::from_str(text.as_str()).unwrap();
         assert_eq!(v["type"], "message.new");
         assert_eq!(v["watcher_count"], 1);
-        assert!(
-            a.try_recv().is_err(),
-            "alice is a watcher and named, but gets the event once"
-        );
+        assert!(a.try_recv().is_err(), "alice is a watcher and named, but gets the event once");
         assert!(b.try_recv().is_ok());
         assert!(c.try_recv().is_err());
     }
@@ -412,10 +360,7 @@ mod tests {
         let (mut fast, _) = conn(&hub, "fast", "bob", 8);
         hub.watch("slow", "agent:c1");
         hub.watch("fast", "agent:c1");
-        let audience = Audience {
-            watchers_of: Some("agent:c1".into()),
-            ..Default::default()
-        };
+        let audience = Audience { watchers_of: Some("agent:c1".into()), ..Default::default() };
         for _ in 0..3 {
             hub.dispatch(&outbox(message_event("bob", false, &[]), audience.clone()));
         }

@@ -145,7 +145,13 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     };
     let mut router = axum::Router::new();
     if config.roles.api {
-        router = router.merge(offshoot_api::router(offshoot_api::ApiState::new(store.clone(), api_key.clone(), api_secret.clone(), watchers, fork_wake.clone())));
+        router = router.merge(offshoot_api::router(offshoot_api::ApiState::new(
+            store.clone(),
+            api_key.clone(),
+            api_secret.clone(),
+            watchers,
+            fork_wake.clone(),
+        )));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
     }

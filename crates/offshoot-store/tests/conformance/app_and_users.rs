@@ -19,16 +19,9 @@ async fn ensure_app_generates_a_key_pair_once_and_then_returns_it_unchanged() {
         assert_eq!(key.len(), 12);
         assert_eq!(secret.len(), 64);
         let again = s.ensure_app(None, None).await.expect("ensure app again");
-        assert_eq!(
-            again,
-            (key.clone(), secret.clone(), false),
-            "a later start returns the stored pair"
-        );
+        assert_eq!(again, (key.clone(), secret.clone(), false), "a later start returns the stored pair");
         // Only half a configured pair is not a replacement.
-        let half = s
-            .ensure_app(Some("other"), None)
-            .await
-            .expect("ensure app with a key only");
+        let half = s.ensure_app(Some("other"), None).await.expect("ensure app with a key only");
         assert_eq!(half, (key, secret, false));
     })
     .await;
@@ -38,29 +31,12 @@ async fn ensure_app_generates_a_key_pair_once_and_then_returns_it_unchanged() {
 async fn a_configured_key_pair_is_stored_on_first_start_and_replaces_the_stored_one_later() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        let first = s
-            .ensure_app(Some("key1"), Some("secret1"))
-            .await
-            .expect("ensure app");
-        assert_eq!(
-            first,
-            ("key1".to_string(), "secret1".to_string(), false),
-            "a configured pair is not generated"
-        );
-        let replaced = s
-            .ensure_app(Some("key2"), Some("secret2"))
-            .await
-            .expect("ensure app with a new pair");
+        let first = s.ensure_app(Some("key1"), Some("secret1")).await.expect("ensure app");
+        assert_eq!(first, ("key1".to_string(), "secret1".to_string(), false), "a configured pair is not generated");
+        let replaced = s.ensure_app(Some("key2"), Some("secret2")).await.expect("ensure app with a new pair");
         assert_eq!(replaced, ("key2".to_string(), "secret2".to_string(), false));
-        let unconfigured = s
-            .ensure_app(None, None)
-            .await
-            .expect("ensure app without configuration");
-        assert_eq!(
-            unconfigured,
-            ("key2".to_string(), "secret2".to_string(), false),
-            "the replacement was stored"
-        );
+        let unconfigured = s.ensure_app(None, None).await.expect("ensure app without configuration");
+        assert_eq!(unconfigured, ("key2".to_string(), "secret2".to_string(), false), "the replacement was stored");
     })
     .await;
 }
@@ -73,10 +49,7 @@ async fn app_settings_default_before_the_app_exists_and_round_trip_after() {
         assert!(defaults.fork_enabled);
         assert_eq!(defaults.webhook_dialect, "legacy");
         s.ensure_app(None, None).await.expect("ensure app");
-        assert_eq!(
-            s.app_settings().await.expect("settings"),
-            AppSettings::default()
-        );
+        assert_eq!(s.app_settings().await.expect("settings"), AppSettings::default());
 
         let changed = AppSettings {
             fork_enabled: false,
@@ -87,13 +60,8 @@ async fn app_settings_default_before_the_app_exists_and_round_trip_after() {
             extra: custom(json!({"reminders_interval": 60, "nested": {"a": [1, 2]}})),
             ..AppSettings::default()
         };
-        s.update_app_settings(&changed)
-            .await
-            .expect("update settings");
-        assert_eq!(
-            s.app_settings().await.expect("settings after update"),
-            changed
-        );
+        s.update_app_settings(&changed).await.expect("update settings");
+        assert_eq!(s.app_settings().await.expect("settings after update"), changed);
     })
     .await;
 }
@@ -115,38 +83,17 @@ async fn upserting_a_user_again_keeps_created_at_and_role_but_replaces_custom_da
         assert_eq!(created.role, "admin");
         assert_eq!(created.custom, custom(json!({"color": "red", "age": 36})));
 
-        let second = UserInput {
-            id: "ada".into(),
-            custom: custom(json!({"color": "green"})),
-            ..Default::default()
-        };
-        let updated = s
-            .upsert_users(&[second])
-            .await
-            .expect("upsert again")
-            .remove(0);
+        let second = UserInput { id: "ada".into(), custom: custom(json!({"color": "green"})), ..Default::default() };
+        let updated = s.upsert_users(&[second]).await.expect("upsert again").remove(0);
         let stored = s.get_user("ada").await.expect("get user").expect("exists");
         assert_eq!(stored, updated, "the returned user is what was stored");
-        assert_eq!(
-            stored.created_at, created.created_at,
-            "created_at survives an upsert"
-        );
+        assert_eq!(stored.created_at, created.created_at, "created_at survives an upsert");
         assert!(stored.updated_at >= created.updated_at);
-        assert_eq!(
-            stored.role, "admin",
-            "a role left out keeps its stored value"
-        );
+        assert_eq!(stored.role, "admin", "a role left out keeps its stored value");
         assert_eq!(stored.language.as_deref(), Some("en"));
         assert_eq!(stored.teams, vec!["blue".to_string()]);
-        assert_eq!(
-            stored.name, None,
-            "the name is replaced, as Stream's upsert does"
-        );
-        assert_eq!(
-            stored.custom,
-            custom(json!({"color": "green"})),
-            "custom data is replaced, not merged"
-        );
+        assert_eq!(stored.name, None, "the name is replaced, as Stream's upsert does");
+        assert_eq!(stored.custom, custom(json!({"color": "green"})), "custom data is replaced, not merged");
         assert!(s.get_user("nobody").await.expect("get user").is_none());
     })
     .await;
@@ -183,32 +130,17 @@ async fn a_partial_user_update_sets_and_unsets_known_fields_and_custom_keys() {
 async fn get_users_returns_the_known_ones_and_missing_users_names_the_rest_in_order() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        s.upsert_users(&[user_input("u1"), user_input("u2"), user_input("u3")])
-            .await
-            .expect("upsert");
-        let ids: Vec<String> = ["u3", "x1", "u1", "u1", "x2"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        s.upsert_users(&[user_input("u1"), user_input("u2"), user_input("u3")]).await.expect("upsert");
+        let ids: Vec<String> = ["u3", "x1", "u1", "u1", "x2"].iter().map(|s| s.to_string()).collect();
         let found = s.get_users(&ids).await.expect("get users");
         let mut keys: Vec<&String> = found.keys().collect();
         keys.sort();
         assert_eq!(keys, vec!["u1", "u3"]);
         assert_eq!(found["u3"].name.as_deref(), Some("u3 name"));
-        assert_eq!(
-            s.missing_users(&ids).await.expect("missing"),
-            vec!["x1".to_string(), "x2".to_string()]
-        );
-        assert!(s
-            .missing_users(&[])
-            .await
-            .expect("missing of none")
-            .is_empty());
+        assert_eq!(s.missing_users(&ids).await.expect("missing"), vec!["x1".to_string(), "x2".to_string()]);
+        assert!(s.missing_users(&[]).await.expect("missing of none").is_empty());
         // More ids than one IN list chunk holds.
-        let many: Vec<String> = (0..1_200)
-            .map(|i| format!("nobody{i}"))
-            .chain(["u2".to_string()])
-            .collect();
+        let many: Vec<String> = (0..1_200).map(|i| format!("nobody{i}")).chain(["u2".to_string()]).collect();
         assert_eq!(s.get_users(&many).await.expect("many").len(), 1);
     })
     .await;
@@ -222,34 +154,18 @@ async fn a_shadow_ban_shadows_later_messages_and_a_ban_is_recorded_separately() 
         s.set_ban("troll", true, true).await.expect("shadow ban");
         let u = s.get_user("troll").await.expect("get").expect("exists");
         assert!(u.shadow_banned && !u.banned);
-        let m = s
-            .send_message("agent:bans", &msg("t1", "hello"), &user("troll"))
-            .await
-            .expect("send");
+        let m = s.send_message("agent:bans", &msg("t1", "hello"), &user("troll")).await.expect("send");
         assert!(m.shadowed, "a shadow-banned author's message is shadowed");
 
         s.set_ban("troll", false, true).await.expect("ban");
-        s.set_ban("troll", true, false)
-            .await
-            .expect("lift shadow ban");
+        s.set_ban("troll", true, false).await.expect("lift shadow ban");
         let u = s.get_user("troll").await.expect("get").expect("exists");
         assert!(u.banned && !u.shadow_banned);
-        let m = s
-            .send_message("agent:bans", &msg("t2", "hello again"), &user("troll"))
-            .await
-            .expect("send");
+        let m = s.send_message("agent:bans", &msg("t2", "hello again"), &user("troll")).await.expect("send");
         assert!(!m.shadowed);
         // An upsert does not lift bans.
-        s.upsert_users(&[user_input("troll")])
-            .await
-            .expect("upsert");
-        assert!(
-            s.get_user("troll")
-                .await
-                .expect("get")
-                .expect("exists")
-                .banned
-        );
+        s.upsert_users(&[user_input("troll")]).await.expect("upsert");
+        assert!(s.get_user("troll").await.expect("get").expect("exists").banned);
 
         assert_kind(s.set_ban("ghost", false, true).await, ErrorKind::NotFound);
     })
@@ -260,17 +176,9 @@ async fn a_shadow_ban_shadows_later_messages_and_a_ban_is_recorded_separately() 
 async fn the_agent_and_messaging_channel_types_exist_with_a_5000_character_limit() {
     with_store(|ctx| async move {
         let types = ctx.store.channel_types().await.expect("channel types");
-        let names: Vec<(&str, i64)> = types
-            .iter()
-            .map(|t| (t.name.as_str(), t.max_message_length))
-            .collect();
+        let names: Vec<(&str, i64)> = types.iter().map(|t| (t.name.as_str(), t.max_message_length)).collect();
         assert_eq!(names, vec![("agent", 5000), ("messaging", 5000)]);
-        assert!(ctx
-            .store
-            .channel_type("livestream")
-            .await
-            .expect("channel type")
-            .is_none());
+        assert!(ctx.store.channel_type("livestream").await.expect("channel type").is_none());
     })
     .await;
 }
@@ -279,49 +187,19 @@ async fn the_agent_and_messaging_channel_types_exist_with_a_5000_character_limit
 async fn put_channel_type_creates_a_type_and_later_updates_its_limit_and_merges_its_config() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        let created = s
-            .put_channel_type("support", None, &custom(json!({"replies": true})))
-            .await
-            .expect("create type");
+        let created = s.put_channel_type("support", None, &custom(json!({"replies": true}))).await.expect("create type");
         assert_eq!(created.max_message_length, 5000, "the default limit");
-        assert_eq!(
-            s.channel_type("support")
-                .await
-                .expect("get")
-                .expect("exists"),
-            created
-        );
+        assert_eq!(s.channel_type("support").await.expect("get").expect("exists"), created);
 
-        let updated = s
-            .put_channel_type("support", Some(120), &custom(json!({"reactions": false})))
-            .await
-            .expect("update type");
+        let updated = s.put_channel_type("support", Some(120), &custom(json!({"reactions": false}))).await.expect("update type");
         assert_eq!(updated.max_message_length, 120);
-        assert_eq!(
-            updated.extra,
-            custom(json!({"replies": true, "reactions": false}))
-        );
+        assert_eq!(updated.extra, custom(json!({"replies": true, "reactions": false})));
         assert_eq!(updated.created_at, created.created_at);
-        let kept = s
-            .put_channel_type("support", None, &Map::new())
-            .await
-            .expect("update nothing");
-        assert_eq!(
-            kept.max_message_length, 120,
-            "a limit left out keeps its value"
-        );
-        assert_eq!(
-            s.channel_type("support")
-                .await
-                .expect("get")
-                .expect("exists"),
-            kept
-        );
+        let kept = s.put_channel_type("support", None, &Map::new()).await.expect("update nothing");
+        assert_eq!(kept.max_message_length, 120, "a limit left out keeps its value");
+        assert_eq!(s.channel_type("support").await.expect("get").expect("exists"), kept);
 
-        let agent = s
-            .put_channel_type("agent", Some(10), &Map::new())
-            .await
-            .expect("lower agent limit");
+        let agent = s.put_channel_type("agent", Some(10), &Map::new()).await.expect("lower agent limit");
         assert_eq!(agent.max_message_length, 10);
         assert_eq!(s.channel_types().await.expect("list").len(), 3);
     })

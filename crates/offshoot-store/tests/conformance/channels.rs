@@ -1,8 +1,6 @@
 //! Channels, members, read state, deletion and Query Channels.
 
-use crate::support::{
-    agent_channel, assert_kind, channel_of, ids_seen_by, member, msg, user, user_input, with_store,
-};
+use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member, msg, user, user_input, with_store};
 use offshoot_core::model::{NewMessage, Viewer};
 use offshoot_core::ErrorKind;
 use offshoot_store::{ChannelFilter, MemberInput, NewChannel};
@@ -16,9 +14,7 @@ fn custom(v: Value) -> Map<String, Value> {
 async fn create_channel_creates_once_and_then_returns_the_existing_channel_unchanged() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        s.upsert_users(&[user_input("owner"), user_input("amy"), user_input("ben")])
-            .await
-            .expect("upsert");
+        s.upsert_users(&[user_input("owner"), user_input("amy"), user_input("ben")]).await.expect("upsert");
         let new = NewChannel {
             kind: "agent".into(),
             id: "c1".into(),
@@ -28,11 +24,7 @@ async fn create_channel_creates_once_and_then_returns_the_existing_channel_uncha
             members: vec![
                 member("owner"),
                 member("amy"),
-                MemberInput {
-                    user_id: "ben".into(),
-                    channel_role: Some("channel_admin".into()),
-                    custom: custom(json!({"x": 1})),
-                },
+                MemberInput { user_id: "ben".into(), channel_role: Some("channel_admin".into()), custom: custom(json!({"x": 1})) },
             ],
         };
         let (ch, created) = s.create_channel(&new).await.expect("create");
@@ -45,53 +37,25 @@ async fn create_channel_creates_once_and_then_returns_the_existing_channel_uncha
         assert_eq!(ch.created_by.as_ref().map(|u| u.id.as_str()), Some("owner"));
         assert_eq!(ch.config.as_ref().map(|c| c.max_message_length), Some(5000));
         assert!(ch.fork.is_none());
-        assert_eq!(
-            s.get_channel("agent:c1")
-                .await
-                .expect("get")
-                .expect("exists"),
-            ch
-        );
+        assert_eq!(s.get_channel("agent:c1").await.expect("get").expect("exists"), ch);
 
-        let again = NewChannel {
-            custom: custom(json!({"topic": "second"})),
-            members: vec![member("zed")],
-            ..new.clone()
-        };
+        let again = NewChannel { custom: custom(json!({"topic": "second"})), members: vec![member("zed")], ..new.clone() };
         let (same, created) = s.create_channel(&again).await.expect("get-or-create");
         assert!(!created, "the second call finds the channel");
-        assert_eq!(
-            same, ch,
-            "get-or-create neither changes data nor adds members"
-        );
+        assert_eq!(same, ch, "get-or-create neither changes data nor adds members");
         assert!(!s.is_member("agent:c1", "zed").await.expect("is member"));
 
         let members = s.members("agent:c1", 10, 0).await.expect("members");
-        let roles: Vec<(&str, &str)> = members
-            .iter()
-            .map(|m| (m.user_id.as_str(), m.channel_role.as_str()))
-            .collect();
+        let roles: Vec<(&str, &str)> = members.iter().map(|m| (m.user_id.as_str(), m.channel_role.as_str())).collect();
         assert_eq!(
             roles,
-            vec![
-                ("amy", "channel_member"),
-                ("ben", "channel_admin"),
-                ("owner", "channel_moderator")
-            ],
+            vec![("amy", "channel_member"), ("ben", "channel_admin"), ("owner", "channel_moderator")],
             "the creator moderates; ordered by created_at, user_id"
         );
-        assert!(
-            members.iter().all(|m| m.user.is_some()),
-            "members carry their users"
-        );
+        assert!(members.iter().all(|m| m.user.is_some()), "members carry their users");
         assert_eq!(members[1].custom, custom(json!({"x": 1})));
         assert_eq!(
-            s.members("agent:c1", 1, 1)
-                .await
-                .expect("page")
-                .into_iter()
-                .map(|m| m.user_id)
-                .collect::<Vec<_>>(),
+            s.members("agent:c1", 1, 1).await.expect("page").into_iter().map(|m| m.user_id).collect::<Vec<_>>(),
             vec!["ben".to_string()]
         );
         assert!(s.is_member("agent:c1", "amy").await.expect("is member"));
@@ -106,44 +70,19 @@ async fn update_channel_replaces_custom_data_and_sets_team_and_frozen() {
         let s = &ctx.store;
         let ch = agent_channel(s, "up", &[]).await;
         let actor = user("owner");
-        let updated = s
-            .update_channel(
-                &ch.cid,
-                Some(&custom(json!({"b": 2}))),
-                Some("green"),
-                Some(true),
-                Some(&actor),
-            )
-            .await
-            .expect("update");
+        let updated =
+            s.update_channel(&ch.cid, Some(&custom(json!({"b": 2}))), Some("green"), Some(true), Some(&actor)).await.expect("update");
         assert_eq!(updated.custom, custom(json!({"b": 2})));
         assert_eq!(updated.team.as_deref(), Some("green"));
         assert!(updated.frozen);
         assert!(updated.updated_at >= ch.updated_at);
-        let untouched = s
-            .update_channel(&ch.cid, None, None, None, None)
-            .await
-            .expect("update nothing");
+        let untouched = s.update_channel(&ch.cid, None, None, None, None).await.expect("update nothing");
         assert_eq!(
-            (
-                untouched.custom.clone(),
-                untouched.team.clone(),
-                untouched.frozen
-            ),
+            (untouched.custom.clone(), untouched.team.clone(), untouched.frozen),
             (custom(json!({"b": 2})), Some("green".to_string()), true)
         );
-        assert_eq!(
-            s.get_channel(&ch.cid)
-                .await
-                .expect("get")
-                .expect("exists")
-                .custom,
-            custom(json!({"b": 2}))
-        );
-        assert_kind(
-            s.update_channel("agent:none", None, None, None, None).await,
-            ErrorKind::NotFound,
-        );
+        assert_eq!(s.get_channel(&ch.cid).await.expect("get").expect("exists").custom, custom(json!({"b": 2})));
+        assert_kind(s.update_channel("agent:none", None, None, None, None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -153,56 +92,25 @@ async fn a_partial_channel_update_sets_and_unsets_and_refuses_read_only_fields()
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "pu", &[]).await;
-        s.update_channel(
-            &ch.cid,
-            Some(&custom(json!({"keep": 1, "drop": 2}))),
-            None,
-            None,
-            None,
-        )
-        .await
-        .expect("update");
+        s.update_channel(&ch.cid, Some(&custom(json!({"keep": 1, "drop": 2}))), None, None, None).await.expect("update");
         let set = custom(json!({"team": "blue", "disabled": true, "frozen": true, "color": "red"}));
-        let after = s
-            .partial_update_channel(&ch.cid, &set, &["drop".to_string()], None)
-            .await
-            .expect("partial update");
+        let after = s.partial_update_channel(&ch.cid, &set, &["drop".to_string()], None).await.expect("partial update");
         assert_eq!(after.custom, custom(json!({"keep": 1, "color": "red"})));
         assert_eq!(after.team.as_deref(), Some("blue"));
         assert!(after.disabled && after.frozen);
-        let after = s
-            .partial_update_channel(
-                &ch.cid,
-                &Map::new(),
-                &["team".to_string(), "color".to_string()],
-                None,
-            )
-            .await
-            .expect("unset");
+        let after = s.partial_update_channel(&ch.cid, &Map::new(), &["team".to_string(), "color".to_string()], None).await.expect("unset");
         assert_eq!(after.team, None);
         assert_eq!(after.custom, custom(json!({"keep": 1})));
         for field in ["cid", "created_by_id", "members", "truncated_at"] {
-            let e = assert_kind(
-                s.partial_update_channel(&ch.cid, &custom(json!({field: "x"})), &[], None)
-                    .await,
-                ErrorKind::Input,
-            );
+            let e = assert_kind(s.partial_update_channel(&ch.cid, &custom(json!({field: "x"})), &[], None).await, ErrorKind::Input);
             assert!(e.message.contains(field), "{e}");
         }
         assert_eq!(
-            s.get_channel(&ch.cid)
-                .await
-                .expect("get")
-                .expect("exists")
-                .custom,
+            s.get_channel(&ch.cid).await.expect("get").expect("exists").custom,
             custom(json!({"keep": 1})),
             "refused updates change nothing"
         );
-        assert_kind(
-            s.partial_update_channel("agent:none", &Map::new(), &[], None)
-                .await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.partial_update_channel("agent:none", &Map::new(), &[], None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -212,18 +120,9 @@ async fn add_members_adds_only_new_members_and_remove_members_removes_them() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "mem", &["amy"]).await;
-        s.upsert_users(&[user_input("ben"), user_input("cat")])
-            .await
-            .expect("upsert");
+        s.upsert_users(&[user_input("ben"), user_input("cat")]).await.expect("upsert");
         let seq = s.last_event_seq().await.expect("seq");
-        let after = s
-            .add_members(
-                &ch.cid,
-                &[member("ben"), member("amy"), member("cat")],
-                Some(&user("owner")),
-            )
-            .await
-            .expect("add");
+        let after = s.add_members(&ch.cid, &[member("ben"), member("amy"), member("cat")], Some(&user("owner"))).await.expect("add");
         assert_eq!(after.member_count, 3);
         let added = crate::support::events_since(s, seq).await;
         let added_ids: Vec<String> = added
@@ -231,67 +130,33 @@ async fn add_members_adds_only_new_members_and_remove_members_removes_them() {
             .filter(|e| e.event.kind == "member.added")
             .filter_map(|e| e.event.member.as_ref().map(|m| m.user_id.clone()))
             .collect();
-        assert_eq!(
-            added_ids,
-            vec!["ben".to_string(), "cat".to_string()],
-            "amy was a member already: no event for her"
-        );
+        assert_eq!(added_ids, vec!["ben".to_string(), "cat".to_string()], "amy was a member already: no event for her");
 
-        let after = s
-            .remove_members(&ch.cid, &["amy".to_string(), "ghost".to_string()], None)
-            .await
-            .expect("remove");
+        let after = s.remove_members(&ch.cid, &["amy".to_string(), "ghost".to_string()], None).await.expect("remove");
         assert_eq!(after.member_count, 2);
         assert!(!s.is_member(&ch.cid, "amy").await.expect("is member"));
         assert!(s.is_member(&ch.cid, "ben").await.expect("is member"));
-        assert_kind(
-            s.add_members("agent:none", &[member("ben")], None).await,
-            ErrorKind::NotFound,
-        );
-        assert_kind(
-            s.remove_members("agent:none", &["ben".to_string()], None)
-                .await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.add_members("agent:none", &[member("ben")], None).await, ErrorKind::NotFound);
+        assert_kind(s.remove_members("agent:none", &["ben".to_string()], None).await, ErrorKind::NotFound);
     })
     .await;
 }
 
 #[tokio::test]
-async fn a_soft_deleted_channel_is_hidden_and_refuses_messages_and_comes_back_empty_when_recreated()
-{
+async fn a_soft_deleted_channel_is_hidden_and_refuses_messages_and_comes_back_empty_when_recreated() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "sd", &["amy"]).await;
-        s.send_message(&ch.cid, &msg("old", "before the delete"), &user("amy"))
-            .await
-            .expect("send");
-        let deleted = s
-            .delete_channel(&ch.cid, false, Some(&user("owner")))
-            .await
-            .expect("soft delete");
+        s.send_message(&ch.cid, &msg("old", "before the delete"), &user("amy")).await.expect("send");
+        let deleted = s.delete_channel(&ch.cid, false, Some(&user("owner"))).await.expect("soft delete");
         assert!(deleted.deleted_at.is_some());
-        let stored = s
-            .get_channel(&ch.cid)
-            .await
-            .expect("get")
-            .expect("soft-deleted channels are still stored");
+        let stored = s.get_channel(&ch.cid).await.expect("get").expect("soft-deleted channels are still stored");
         assert!(stored.deleted_at.is_some());
         assert!(
-            s.query_channels(&ChannelFilter {
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .expect("query")
-            .is_empty(),
+            s.query_channels(&ChannelFilter { limit: 10, ..Default::default() }).await.expect("query").is_empty(),
             "query_channels leaves deleted channels out"
         );
-        assert_kind(
-            s.send_message(&ch.cid, &msg("late", "after"), &user("amy"))
-                .await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.send_message(&ch.cid, &msg("late", "after"), &user("amy")).await, ErrorKind::NotFound);
 
         let (back, created) = s
             .create_channel(&NewChannel {
@@ -303,31 +168,14 @@ async fn a_soft_deleted_channel_is_hidden_and_refuses_messages_and_comes_back_em
             })
             .await
             .expect("re-create");
-        assert!(
-            created,
-            "re-creating a soft-deleted channel counts as a creation"
-        );
+        assert!(created, "re-creating a soft-deleted channel counts as a creation");
         assert!(back.deleted_at.is_none());
-        assert!(
-            back.truncated_at.is_some(),
-            "the old history hides behind truncated_at"
-        );
+        assert!(back.truncated_at.is_some(), "the old history hides behind truncated_at");
         assert_eq!(back.member_count, 1);
-        assert!(
-            !s.is_member(&ch.cid, "amy").await.expect("is member"),
-            "old members are gone"
-        );
-        assert!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await.is_empty(),
-            "old messages stay hidden"
-        );
-        s.send_message(&ch.cid, &msg("new", "after re-creation"), &user("ben"))
-            .await
-            .expect("send after re-creation");
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            vec!["new".to_string()]
-        );
+        assert!(!s.is_member(&ch.cid, "amy").await.expect("is member"), "old members are gone");
+        assert!(ids_seen_by(s, &ch.cid, &Viewer::Server).await.is_empty(), "old messages stay hidden");
+        s.send_message(&ch.cid, &msg("new", "after re-creation"), &user("ben")).await.expect("send after re-creation");
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, vec!["new".to_string()]);
     })
     .await;
 }
@@ -337,54 +185,21 @@ async fn a_hard_deleted_channel_loses_its_messages_reactions_members_and_read_st
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "hd", &["amy"]).await;
-        let m = s
-            .send_message(&ch.cid, &msg("hd1", "hi"), &user("amy"))
+        let m = s.send_message(&ch.cid, &msg("hd1", "hi"), &user("amy")).await.expect("send");
+        s.add_reaction(&m.id, &offshoot_core::model::Reaction { kind: "like".into(), score: 1, ..Default::default() }, false, &user("amy"))
             .await
-            .expect("send");
-        s.add_reaction(
-            &m.id,
-            &offshoot_core::model::Reaction {
-                kind: "like".into(),
-                score: 1,
-                ..Default::default()
-            },
-            false,
-            &user("amy"),
-        )
-        .await
-        .expect("react");
-        s.mark_read(&ch.cid, &user("amy"), Some(&m.id))
-            .await
-            .expect("read");
-        s.delete_channel(&ch.cid, true, None)
-            .await
-            .expect("hard delete");
+            .expect("react");
+        s.mark_read(&ch.cid, &user("amy"), Some(&m.id)).await.expect("read");
+        s.delete_channel(&ch.cid, true, None).await.expect("hard delete");
         assert!(s.get_channel(&ch.cid).await.expect("get").is_none());
-        assert!(s
-            .get_message(&m.id, &Viewer::Server)
-            .await
-            .expect("get message")
-            .is_none());
+        assert!(s.get_message(&m.id, &Viewer::Server).await.expect("get message").is_none());
         assert!(s.members(&ch.cid, 10, 0).await.expect("members").is_empty());
-        assert!(s
-            .read_states(&ch.cid)
-            .await
-            .expect("read states")
-            .is_empty());
+        assert!(s.read_states(&ch.cid).await.expect("read states").is_empty());
         // The id is free again: a new channel and a new message may take it.
         agent_channel(s, "hd", &[]).await;
-        let again = s
-            .send_message(&ch.cid, &msg("hd1", "again"), &user("owner"))
-            .await
-            .expect("the message id is free again");
-        assert!(
-            again.reaction_counts.is_empty(),
-            "no reaction survived the delete"
-        );
-        assert_kind(
-            s.delete_channel("agent:none", true, None).await,
-            ErrorKind::NotFound,
-        );
+        let again = s.send_message(&ch.cid, &msg("hd1", "again"), &user("owner")).await.expect("the message id is free again");
+        assert!(again.reaction_counts.is_empty(), "no reaction survived the delete");
+        assert_kind(s.delete_channel("agent:none", true, None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -394,39 +209,21 @@ async fn mark_read_records_the_read_state_per_user() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "rd", &["amy", "ben"]).await;
-        let m = s
-            .send_message(&ch.cid, &msg("r1", "hi"), &user("amy"))
-            .await
-            .expect("send");
-        let t1 = s
-            .mark_read(&ch.cid, &user("ben"), None)
-            .await
-            .expect("read");
-        let t2 = s
-            .mark_read(&ch.cid, &user("amy"), Some(&m.id))
-            .await
-            .expect("read");
+        let m = s.send_message(&ch.cid, &msg("r1", "hi"), &user("amy")).await.expect("send");
+        let t1 = s.mark_read(&ch.cid, &user("ben"), None).await.expect("read");
+        let t2 = s.mark_read(&ch.cid, &user("amy"), Some(&m.id)).await.expect("read");
         assert_eq!(
             s.read_states(&ch.cid).await.expect("states"),
-            vec![
-                ("amy".to_string(), t2, Some("r1".to_string())),
-                ("ben".to_string(), t1, None)
-            ]
+            vec![("amy".to_string(), t2, Some("r1".to_string())), ("ben".to_string(), t1, None)]
         );
-        let t3 = s
-            .mark_read(&ch.cid, &user("ben"), Some("r1"))
-            .await
-            .expect("read again");
+        let t3 = s.mark_read(&ch.cid, &user("ben"), Some("r1")).await.expect("read again");
         assert!(t3 >= t1);
         assert_eq!(
             s.read_states(&ch.cid).await.expect("states")[1],
             ("ben".to_string(), t3, Some("r1".to_string())),
             "a second read updates the row"
         );
-        assert_kind(
-            s.mark_read("agent:none", &user("ben"), None).await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.mark_read("agent:none", &user("ben"), None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -445,11 +242,14 @@ async fn member_read_states_count_the_visible_messages_of_others_since_the_last_
         s.send_message(&ch.cid, &crate::support::reply("r", "a1", "thread only"), &user("amy")).await.expect("reply");
         s.send_message(&ch.cid, &msg("d", "deleted"), &user("amy")).await.expect("send");
         s.delete_message("d", false, None).await.expect("delete");
-        s.send_message(&ch.cid, &NewMessage { restricted_visibility: vec!["amy".into()], ..msg("rv", "not for ben") }, &user("owner")).await.expect("send");
+        s.send_message(&ch.cid, &NewMessage { restricted_visibility: vec!["amy".into()], ..msg("rv", "not for ben") }, &user("owner"))
+            .await
+            .expect("send");
 
         let ch = s.get_channel(&ch.cid).await.expect("get").expect("exists");
         let states = s.member_read_states(&ch, 10).await.expect("read states");
-        let summary: Vec<(String, i64, Option<String>, i64)> = states.iter().map(|r| (r.user_id.clone(), r.last_read, r.last_read_message_id.clone(), r.unread_messages)).collect();
+        let summary: Vec<(String, i64, Option<String>, i64)> =
+            states.iter().map(|r| (r.user_id.clone(), r.last_read, r.last_read_message_id.clone(), r.unread_messages)).collect();
         assert_eq!(
             summary,
             vec![("amy".to_string(), joined[0], None, 2), ("ben".to_string(), joined[1], None, 2)],
@@ -475,20 +275,15 @@ async fn query_channels_filters_sorts_and_pages() {
         channel_of(s, "messaging", "m1", "owner", &["ben"]).await;
         channel_of(s, "agent", "a3", "owner", &[]).await;
         channel_of(s, "agent", "gone", "owner", &["amy"]).await;
-        s.delete_channel("agent:gone", false, None)
-            .await
-            .expect("delete");
+        s.delete_channel("agent:gone", false, None).await.expect("delete");
 
         let q = |f: ChannelFilter| async move {
-            s.query_channels(&ChannelFilter {
-                limit: if f.limit == 0 { 100 } else { f.limit },
-                ..f
-            })
-            .await
-            .expect("query")
-            .into_iter()
-            .map(|c| c.cid)
-            .collect::<Vec<_>>()
+            s.query_channels(&ChannelFilter { limit: if f.limit == 0 { 100 } else { f.limit }, ..f })
+                .await
+                .expect("query")
+                .into_iter()
+                .map(|c| c.cid)
+                .collect::<Vec<_>>()
         };
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
@@ -496,114 +291,42 @@ async fn query_channels_filters_sorts_and_pages() {
             strings(&["agent:a1", "agent:a2", "agent:a3", "messaging:m1"]),
             "default order is by cid"
         );
+        assert_eq!(q(ChannelFilter { types: Some(strings(&["messaging"])), ..Default::default() }).await, strings(&["messaging:m1"]));
         assert_eq!(
-            q(ChannelFilter {
-                types: Some(strings(&["messaging"])),
-                ..Default::default()
-            })
-            .await,
-            strings(&["messaging:m1"])
-        );
-        assert_eq!(
-            q(ChannelFilter {
-                cids: Some(strings(&["agent:a2", "agent:gone", "agent:zz"])),
-                ..Default::default()
-            })
-            .await,
+            q(ChannelFilter { cids: Some(strings(&["agent:a2", "agent:gone", "agent:zz"])), ..Default::default() }).await,
             strings(&["agent:a2"])
         );
         assert_eq!(
-            q(ChannelFilter {
-                ids: Some(strings(&["a3", "m1"])),
-                ..Default::default()
-            })
-            .await,
+            q(ChannelFilter { ids: Some(strings(&["a3", "m1"])), ..Default::default() }).await,
             strings(&["agent:a3", "messaging:m1"])
         );
         assert_eq!(
-            q(ChannelFilter {
-                ids: Some(vec![]),
-                ..Default::default()
-            })
-            .await,
+            q(ChannelFilter { ids: Some(vec![]), ..Default::default() }).await,
             Vec::<String>::new(),
             "an empty list matches nothing"
         );
+        assert_eq!(q(ChannelFilter { created_by_ids: Some(strings(&["other"])), ..Default::default() }).await, strings(&["agent:a2"]));
         assert_eq!(
-            q(ChannelFilter {
-                created_by_ids: Some(strings(&["other"])),
-                ..Default::default()
-            })
-            .await,
-            strings(&["agent:a2"])
-        );
-        assert_eq!(
-            q(ChannelFilter {
-                members_any: Some(strings(&["amy", "ben"])),
-                ..Default::default()
-            })
-            .await,
+            q(ChannelFilter { members_any: Some(strings(&["amy", "ben"])), ..Default::default() }).await,
             strings(&["agent:a1", "agent:a2", "messaging:m1"])
         );
+        assert_eq!(q(ChannelFilter { members_all: Some(strings(&["amy", "ben"])), ..Default::default() }).await, strings(&["agent:a1"]));
         assert_eq!(
-            q(ChannelFilter {
-                members_all: Some(strings(&["amy", "ben"])),
-                ..Default::default()
-            })
-            .await,
+            q(ChannelFilter { member_of: Some("ben".into()), types: Some(strings(&["agent"])), ..Default::default() }).await,
             strings(&["agent:a1"])
         );
-        assert_eq!(
-            q(ChannelFilter {
-                member_of: Some("ben".into()),
-                types: Some(strings(&["agent"])),
-                ..Default::default()
-            })
-            .await,
-            strings(&["agent:a1"])
-        );
-        let newest_first = ChannelFilter {
-            sort: vec![("c.created_at".into(), true)],
-            ..Default::default()
-        };
-        assert_eq!(
-            q(newest_first.clone()).await,
-            strings(&["agent:a3", "messaging:m1", "agent:a2", "agent:a1"])
-        );
-        assert_eq!(
-            q(ChannelFilter {
-                limit: 2,
-                offset: 1,
-                ..newest_first.clone()
-            })
-            .await,
-            strings(&["messaging:m1", "agent:a2"])
-        );
-        assert_eq!(
-            q(ChannelFilter {
-                limit: 2,
-                offset: 3,
-                ..newest_first
-            })
-            .await,
-            strings(&["agent:a1"])
-        );
+        let newest_first = ChannelFilter { sort: vec![("c.created_at".into(), true)], ..Default::default() };
+        assert_eq!(q(newest_first.clone()).await, strings(&["agent:a3", "messaging:m1", "agent:a2", "agent:a1"]));
+        assert_eq!(q(ChannelFilter { limit: 2, offset: 1, ..newest_first.clone() }).await, strings(&["messaging:m1", "agent:a2"]));
+        assert_eq!(q(ChannelFilter { limit: 2, offset: 3, ..newest_first }).await, strings(&["agent:a1"]));
 
         let full = s
-            .query_channels(&ChannelFilter {
-                cids: Some(strings(&["agent:a1"])),
-                limit: 1,
-                ..Default::default()
-            })
+            .query_channels(&ChannelFilter { cids: Some(strings(&["agent:a1"])), limit: 1, ..Default::default() })
             .await
             .expect("query")
             .remove(0);
         assert_eq!(full.member_count, 2);
-        assert_eq!(
-            full.created_by.map(|u| u.id),
-            Some("owner".to_string()),
-            "results are hydrated like get_channel"
-        );
+        assert_eq!(full.created_by.map(|u| u.id), Some("owner".to_string()), "results are hydrated like get_channel");
         assert_eq!(full.config.map(|c| c.name), Some("agent".to_string()));
     })
     .await;

@@ -2,12 +2,10 @@
 //! lookup, the limits and every refusal and failure the fork document names.
 
 use crate::support::{
-    agent_channel, assert_kind, channel_of, events_since, ids_seen_by, kinds, member, msg, msg_at,
-    reply_at, seed, user, with_store, BASE_TS, MS,
+    agent_channel, assert_kind, channel_of, events_since, ids_seen_by, kinds, member, msg, msg_at, reply_at, seed, user, with_store,
+    BASE_TS, MS,
 };
-use offshoot_core::fork::{
-    BACKFILL_PAGE, FAILED_ID_TAKEN, FAILED_TOO_LARGE, MAX_COPIED, MAX_FORKS,
-};
+use offshoot_core::fork::{BACKFILL_PAGE, FAILED_ID_TAKEN, FAILED_TOO_LARGE, MAX_COPIED, MAX_FORKS};
 use offshoot_core::ids::copy_id;
 use offshoot_core::model::{Audience, ForkStatus, Message, NewMessage, Reaction, Viewer};
 use offshoot_core::ErrorKind;
@@ -19,37 +17,22 @@ fn strings(v: &[&str]) -> Vec<String> {
 }
 
 fn request(source_cid: &str, message_id: &str, target_id: &str) -> ForkRequest {
-    ForkRequest {
-        source_cid: source_cid.into(),
-        message_id: message_id.into(),
-        target_id: target_id.into(),
-        ..Default::default()
-    }
+    ForkRequest { source_cid: source_cid.into(), message_id: message_id.into(), target_id: target_id.into(), ..Default::default() }
 }
 
 async fn fork(s: &Store, source_cid: &str, message_id: &str, target_id: &str) -> ForkOutcome {
-    s.create_fork(&request(source_cid, message_id, target_id))
-        .await
-        .expect("create fork")
+    s.create_fork(&request(source_cid, message_id, target_id)).await.expect("create fork")
 }
 
 async fn stored(s: &Store, id: &str) -> Message {
-    s.get_message(id, &Viewer::Server)
-        .await
-        .expect("get message")
-        .expect("message exists")
-        .0
+    s.get_message(id, &Viewer::Server).await.expect("get message").expect("message exists").0
 }
 
 /// Runs the backfill to the end; returns how many steps answered `More`.
 async fn backfill_to_end(s: &Store, fork_cid: &str, page_size: i64) -> usize {
     let mut more = 0;
     loop {
-        match s
-            .backfill_step(fork_cid, page_size)
-            .await
-            .expect("backfill step")
-        {
+        match s.backfill_step(fork_cid, page_size).await.expect("backfill step") {
             BackfillStep::More => more += 1,
             BackfillStep::Done => return more,
             BackfillStep::Gone => panic!("fork {fork_cid} is gone"),
@@ -59,19 +42,11 @@ async fn backfill_to_end(s: &Store, fork_cid: &str, page_size: i64) -> usize {
 }
 
 async fn summary(s: &Store, fork_cid: &str) -> offshoot_core::model::ForkSummary {
-    s.get_channel(fork_cid)
-        .await
-        .expect("get channel")
-        .expect("fork exists")
-        .fork
-        .expect("a fork has a summary")
+    s.get_channel(fork_cid).await.expect("get channel").expect("fork exists").fork.expect("a fork has a summary")
 }
 
 fn map_of(pairs: &[(&str, String)]) -> Map<String, Value> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), Value::String(v.clone()))).collect()
 }
 
 #[tokio::test]
@@ -85,71 +60,19 @@ async fn a_fork_of_a_short_history_copies_what_a_client_sees_and_completes_at_on
             custom: json!({"k": 1}).as_object().cloned().expect("object"),
             ..msg_at("m0", "first", BASE_TS)
         };
-        s.send_message(&src.cid, &with_file, &amy)
-            .await
-            .expect("send");
-        s.send_message(
-            &src.cid,
-            &msg_at("m1", "second", BASE_TS + MS),
-            &user("bot"),
-        )
-        .await
-        .expect("send");
-        s.send_message(
-            &src.cid,
-            &reply_at("ra", "m1", "in thread", BASE_TS + MS + MS / 2),
-            &amy,
-        )
-        .await
-        .expect("reply");
-        s.send_message(&src.cid, &msg_at("del", "deleted", BASE_TS + 2 * MS), &amy)
-            .await
-            .expect("send");
+        s.send_message(&src.cid, &with_file, &amy).await.expect("send");
+        s.send_message(&src.cid, &msg_at("m1", "second", BASE_TS + MS), &user("bot")).await.expect("send");
+        s.send_message(&src.cid, &reply_at("ra", "m1", "in thread", BASE_TS + MS + MS / 2), &amy).await.expect("reply");
+        s.send_message(&src.cid, &msg_at("del", "deleted", BASE_TS + 2 * MS), &amy).await.expect("send");
         s.delete_message("del", false, None).await.expect("delete");
-        s.upsert_users(&[crate::support::user_input("troll")])
-            .await
-            .expect("upsert troll");
+        s.upsert_users(&[crate::support::user_input("troll")]).await.expect("upsert troll");
         s.set_ban("troll", true, true).await.expect("shadow ban");
-        s.send_message(
-            &src.cid,
-            &msg_at("sh", "shadowed", BASE_TS + 2 * MS + MS / 2),
-            &user("troll"),
-        )
-        .await
-        .expect("send shadowed");
-        let quoting = NewMessage {
-            quoted_message_id: Some("m0".into()),
-            ..msg_at("q", "quoting m0", BASE_TS + 3 * MS)
-        };
-        s.send_message(&src.cid, &quoting, &amy)
-            .await
-            .expect("send quote");
-        s.send_message(
-            &src.cid,
-            &reply_at("ra2", "m1", "after the point", BASE_TS + 3 * MS + MS / 2),
-            &amy,
-        )
-        .await
-        .expect("reply");
-        s.send_message(
-            &src.cid,
-            &msg_at("after", "after the point", BASE_TS + 4 * MS),
-            &amy,
-        )
-        .await
-        .expect("send");
-        s.add_reaction(
-            "m1",
-            &Reaction {
-                kind: "like".into(),
-                score: 1,
-                ..Default::default()
-            },
-            false,
-            &amy,
-        )
-        .await
-        .expect("react");
+        s.send_message(&src.cid, &msg_at("sh", "shadowed", BASE_TS + 2 * MS + MS / 2), &user("troll")).await.expect("send shadowed");
+        let quoting = NewMessage { quoted_message_id: Some("m0".into()), ..msg_at("q", "quoting m0", BASE_TS + 3 * MS) };
+        s.send_message(&src.cid, &quoting, &amy).await.expect("send quote");
+        s.send_message(&src.cid, &reply_at("ra2", "m1", "after the point", BASE_TS + 3 * MS + MS / 2), &amy).await.expect("reply");
+        s.send_message(&src.cid, &msg_at("after", "after the point", BASE_TS + 4 * MS), &amy).await.expect("send");
+        s.add_reaction("m1", &Reaction { kind: "like".into(), score: 1, ..Default::default() }, false, &amy).await.expect("react");
         s.update_message("m1", &amy, |m| {
             m.pinned = true;
             m.pinned_at = Some(BASE_TS);
@@ -162,10 +85,7 @@ async fn a_fork_of_a_short_history_copies_what_a_client_sees_and_completes_at_on
 
         let req = ForkRequest {
             created_by_id: Some("amy".into()),
-            custom: json!({"branch": true})
-                .as_object()
-                .cloned()
-                .expect("object"),
+            custom: json!({"branch": true}).as_object().cloned().expect("object"),
             ..request(&src.cid, "q", "f1")
         };
         let out = s.create_fork(&req).await.expect("fork");
@@ -174,125 +94,52 @@ async fn a_fork_of_a_short_history_copies_what_a_client_sees_and_completes_at_on
         assert_eq!(out.channel.cid, fc);
         assert_eq!(out.channel.custom, req.custom);
         assert_eq!(out.channel.created_by_id.as_deref(), Some("amy"));
-        assert_eq!(
-            out.channel.fork.as_ref(),
-            Some(&out.fork),
-            "the channel carries the summary"
-        );
+        assert_eq!(out.channel.fork.as_ref(), Some(&out.fork), "the channel carries the summary");
         let f = &out.fork;
-        assert_eq!(
-            (
-                f.channel_cid.as_str(),
-                f.source_channel_cid.as_str(),
-                f.source_message_id.as_str()
-            ),
-            (fc, "agent:src", "q")
-        );
+        assert_eq!((f.channel_cid.as_str(), f.source_channel_cid.as_str(), f.source_message_id.as_str()), (fc, "agent:src", "q"));
         assert_eq!(f.status, ForkStatus::Completed, "nothing was left to copy");
         assert_eq!(f.task_id, None, "a fork finished synchronously has no task");
         assert_eq!(f.copied_message_count, 4);
         assert!(!f.truncated);
         assert_eq!(f.oldest_source_message_id, None);
         assert_eq!(f.failed_reason, None);
-        let expected_map = map_of(&[
-            ("m0", copy_id(fc, "m0")),
-            ("m1", copy_id(fc, "m1")),
-            ("ra", copy_id(fc, "ra")),
-            ("q", copy_id(fc, "q")),
-        ]);
-        assert_eq!(
-            out.message_id_map, expected_map,
-            "deleted, shadowed and later messages are not copied"
-        );
+        let expected_map =
+            map_of(&[("m0", copy_id(fc, "m0")), ("m1", copy_id(fc, "m1")), ("ra", copy_id(fc, "ra")), ("q", copy_id(fc, "q"))]);
+        assert_eq!(out.message_id_map, expected_map, "deleted, shadowed and later messages are not copied");
 
         // The copies.
-        assert_eq!(
-            ids_seen_by(s, fc, &Viewer::Server).await,
-            vec![copy_id(fc, "m0"), copy_id(fc, "m1"), copy_id(fc, "q")]
-        );
+        assert_eq!(ids_seen_by(s, fc, &Viewer::Server).await, vec![copy_id(fc, "m0"), copy_id(fc, "m1"), copy_id(fc, "q")]);
         let c0 = stored(s, &copy_id(fc, "m0")).await;
         let src0 = stored(s, "m0").await;
+        assert_eq!((c0.cid.as_str(), c0.source_cid.as_deref(), c0.source_message_id.as_deref()), (fc, Some("agent:src"), Some("m0")));
         assert_eq!(
-            (
-                c0.cid.as_str(),
-                c0.source_cid.as_deref(),
-                c0.source_message_id.as_deref()
-            ),
-            (fc, Some("agent:src"), Some("m0"))
-        );
-        assert_eq!(
-            (
-                c0.text.as_str(),
-                c0.user_id.as_str(),
-                c0.created_at,
-                c0.updated_at
-            ),
+            (c0.text.as_str(), c0.user_id.as_str(), c0.created_at, c0.updated_at),
             (src0.text.as_str(), "amy", src0.created_at, src0.updated_at)
         );
-        assert_eq!(
-            (c0.attachments.len(), c0.custom.get("k")),
-            (1, Some(&json!(1))),
-            "attachments and custom data are copied"
-        );
+        assert_eq!((c0.attachments.len(), c0.custom.get("k")), (1, Some(&json!(1))), "attachments and custom data are copied");
         let c1 = stored(s, &copy_id(fc, "m1")).await;
         assert_eq!(c1.reply_count, 1, "reply_count counts the copied replies");
         assert!(!c1.pinned && c1.pinned_at.is_none(), "pins are not copied");
         assert!(c1.reaction_counts.is_empty(), "reactions are not copied");
         let cra = stored(s, &copy_id(fc, "ra")).await;
-        assert_eq!(
-            (cra.kind.as_str(), cra.parent_id.clone()),
-            ("reply", Some(copy_id(fc, "m1")))
-        );
+        assert_eq!((cra.kind.as_str(), cra.parent_id.clone()), ("reply", Some(copy_id(fc, "m1"))));
         let cq = stored(s, &copy_id(fc, "q")).await;
         assert_eq!(cq.quoted_message_id, Some(copy_id(fc, "m0")));
-        assert_eq!(
-            cq.quoted_message.map(|m| m.id),
-            Some(copy_id(fc, "m0")),
-            "the quote resolves to the copy"
-        );
-        assert_eq!(
-            ids_seen_by(s, &src.cid, &Viewer::Server).await,
-            source_view,
-            "the source is not changed"
-        );
+        assert_eq!(cq.quoted_message.map(|m| m.id), Some(copy_id(fc, "m0")), "the quote resolves to the copy");
+        assert_eq!(ids_seen_by(s, &src.cid, &Viewer::Server).await, source_view, "the source is not changed");
 
         // Members default to the source's.
-        let members: Vec<String> = s
-            .members(fc, 10, 0)
-            .await
-            .expect("members")
-            .into_iter()
-            .map(|m| m.user_id)
-            .collect();
+        let members: Vec<String> = s.members(fc, 10, 0).await.expect("members").into_iter().map(|m| m.user_id).collect();
         assert_eq!(members, strings(&["amy", "ben"]));
 
-        let unread: Vec<i64> = s
-            .member_read_states(&out.channel, 10)
-            .await
-            .expect("read states")
-            .iter()
-            .map(|r| r.unread_messages)
-            .collect();
-        assert_eq!(
-            unread,
-            vec![0, 0],
-            "copied history predates the members joining, so it is not unread"
-        );
+        let unread: Vec<i64> =
+            s.member_read_states(&out.channel, 10).await.expect("read states").iter().map(|r| r.unread_messages).collect();
+        assert_eq!(unread, vec![0, 0], "copied history predates the members joining, so it is not unread");
 
         // The lookup.
-        let lookup = s
-            .fork_message_ids(fc, &strings(&["m0", "ra", "after", "del", "unknown"]))
-            .await
-            .expect("lookup");
-        assert_eq!(
-            lookup,
-            map_of(&[("m0", copy_id(fc, "m0")), ("ra", copy_id(fc, "ra"))])
-        );
-        assert!(s
-            .fork_message_ids(fc, &[])
-            .await
-            .expect("empty lookup")
-            .is_empty());
+        let lookup = s.fork_message_ids(fc, &strings(&["m0", "ra", "after", "del", "unknown"])).await.expect("lookup");
+        assert_eq!(lookup, map_of(&[("m0", copy_id(fc, "m0")), ("ra", copy_id(fc, "ra"))]));
+        assert!(s.fork_message_ids(fc, &[]).await.expect("empty lookup").is_empty());
 
         // Events: created once, notified per member, forked on both channels.
         let events = events_since(s, seq).await;
@@ -310,46 +157,21 @@ async fn a_fork_of_a_short_history_copies_what_a_client_sees_and_completes_at_on
         assert_eq!(events[1].audience.users, strings(&["amy"]));
         assert_eq!(events[2].audience.users, strings(&["ben"]));
         assert_eq!(events[3].event.cid.as_deref(), Some("agent:src"));
-        assert_eq!(
-            events[3].audience,
-            Audience {
-                watchers_of: Some("agent:src".into()),
-                users: vec![],
-                webhooks: true
-            }
-        );
+        assert_eq!(events[3].audience, Audience { watchers_of: Some("agent:src".into()), users: vec![], webhooks: true });
         assert_eq!(events[4].event.cid.as_deref(), Some(fc));
         assert_eq!(
             events[4].audience,
-            Audience {
-                watchers_of: Some(fc.into()),
-                users: strings(&["amy", "ben"]),
-                webhooks: false
-            },
+            Audience { watchers_of: Some(fc.into()), users: strings(&["amy", "ben"]), webhooks: false },
             "the fork's channel.forked is WebSocket only"
         );
         for e in &events[3..] {
-            let fork = e
-                .event
-                .fork
-                .as_ref()
-                .expect("channel.forked carries the summary");
-            assert_eq!(
-                (fork.status, fork.channel_cid.as_str()),
-                (ForkStatus::Completed, fc)
-            );
+            let fork = e.event.fork.as_ref().expect("channel.forked carries the summary");
+            assert_eq!((fork.status, fork.channel_cid.as_str()), (ForkStatus::Completed, fc));
             assert_eq!(e.event.user.as_ref().map(|u| u.id.as_str()), Some("amy"));
         }
 
-        assert_eq!(
-            s.list_forks(&src.cid, 10, 0).await.expect("list forks"),
-            vec![f.clone()]
-        );
-        assert!(s
-            .list_forks(fc, 10, 0)
-            .await
-            .expect("list forks of the fork")
-            .is_empty());
+        assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("list forks"), vec![f.clone()]);
+        assert!(s.list_forks(fc, 10, 0).await.expect("list forks of the fork").is_empty());
         assert!(s.backfilling_forks().await.expect("backfilling").is_empty());
     })
     .await;
@@ -360,61 +182,19 @@ async fn a_fork_may_leave_out_attachments_and_name_its_own_members_and_team() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = channel_of(s, "agent", "att", "owner", &["amy"]).await;
-        s.update_channel(&src.cid, None, Some("red"), None, None)
-            .await
-            .expect("set team");
-        let m = NewMessage {
-            attachments: vec![json!({"type": "image"})],
-            ..msg("img", "picture")
-        };
-        s.send_message(&src.cid, &m, &user("amy"))
-            .await
-            .expect("send");
-        let req = ForkRequest {
-            exclude_attachments: true,
-            members: Some(vec![member("cat")]),
-            ..request(&src.cid, "img", "noatt")
-        };
+        s.update_channel(&src.cid, None, Some("red"), None, None).await.expect("set team");
+        let m = NewMessage { attachments: vec![json!({"type": "image"})], ..msg("img", "picture") };
+        s.send_message(&src.cid, &m, &user("amy")).await.expect("send");
+        let req = ForkRequest { exclude_attachments: true, members: Some(vec![member("cat")]), ..request(&src.cid, "img", "noatt") };
         let out = s.create_fork(&req).await.expect("fork");
-        assert_eq!(
-            out.channel.team.as_deref(),
-            Some("red"),
-            "the team defaults to the source's"
-        );
-        assert_eq!(
-            out.channel.created_by_id.as_deref(),
-            Some("owner"),
-            "the creator defaults to the source's"
-        );
-        assert!(stored(s, &copy_id("agent:noatt", "img"))
-            .await
-            .attachments
-            .is_empty());
-        let members: Vec<String> = s
-            .members("agent:noatt", 10, 0)
-            .await
-            .expect("members")
-            .into_iter()
-            .map(|m| m.user_id)
-            .collect();
+        assert_eq!(out.channel.team.as_deref(), Some("red"), "the team defaults to the source's");
+        assert_eq!(out.channel.created_by_id.as_deref(), Some("owner"), "the creator defaults to the source's");
+        assert!(stored(s, &copy_id("agent:noatt", "img")).await.attachments.is_empty());
+        let members: Vec<String> = s.members("agent:noatt", 10, 0).await.expect("members").into_iter().map(|m| m.user_id).collect();
         assert_eq!(members, strings(&["cat"]));
-        assert!(
-            s.get_user("cat").await.expect("get").is_some(),
-            "named members are created on first sight"
-        );
-        let with_team = ForkRequest {
-            team: Some("blue".into()),
-            ..request(&src.cid, "img", "teamed")
-        };
-        assert_eq!(
-            s.create_fork(&with_team)
-                .await
-                .expect("fork")
-                .channel
-                .team
-                .as_deref(),
-            Some("blue")
-        );
+        assert!(s.get_user("cat").await.expect("get").is_some(), "named members are created on first sight");
+        let with_team = ForkRequest { team: Some("blue".into()), ..request(&src.cid, "img", "teamed") };
+        assert_eq!(s.create_fork(&with_team).await.expect("fork").channel.team.as_deref(), Some("blue"));
     })
     .await;
 }
@@ -425,48 +205,22 @@ async fn a_fork_of_a_rewound_and_truncated_source_copies_only_the_visible_messag
         let s = &ctx.store;
         let src = agent_channel(s, "rws", &[]).await;
         seed(s, &src.cid, "amy", "v", 5, BASE_TS).await;
-        s.rewind_channel(&src.cid, "v00002", "v00004", false, None)
-            .await
-            .expect("rewind");
-        s.truncate_channel(&src.cid, Some(BASE_TS), false, None, None)
-            .await
-            .expect("truncate");
-        s.send_message(&src.cid, &msg("v5", "after the rewind"), &user("amy"))
-            .await
-            .expect("send");
+        s.rewind_channel(&src.cid, "v00002", "v00004", false, None).await.expect("rewind");
+        s.truncate_channel(&src.cid, Some(BASE_TS), false, None, None).await.expect("truncate");
+        s.send_message(&src.cid, &msg("v5", "after the rewind"), &user("amy")).await.expect("send");
         let out = fork(s, &src.cid, "v5", "rwf").await;
         let fc = "agent:rwf";
         let mut copied: Vec<&String> = out.message_id_map.keys().collect();
         copied.sort();
-        assert_eq!(
-            copied,
-            vec!["v00001", "v00002", "v5"],
-            "hidden and truncated messages are not copied"
-        );
-        assert_eq!(
-            ids_seen_by(s, fc, &Viewer::Server).await,
-            vec![
-                copy_id(fc, "v00001"),
-                copy_id(fc, "v00002"),
-                copy_id(fc, "v5")
-            ]
-        );
+        assert_eq!(copied, vec!["v00001", "v00002", "v5"], "hidden and truncated messages are not copied");
+        assert_eq!(ids_seen_by(s, fc, &Viewer::Server).await, vec![copy_id(fc, "v00001"), copy_id(fc, "v00002"), copy_id(fc, "v5")]);
         assert!(
-            s.get_message(&copy_id(fc, "v00003"), &Viewer::Server)
-                .await
-                .expect("get")
-                .is_none(),
+            s.get_message(&copy_id(fc, "v00003"), &Viewer::Server).await.expect("get").is_none(),
             "the fork holds no hidden messages of its own"
         );
         assert_eq!(out.fork.status, ForkStatus::Completed);
-        assert_kind(
-            s.create_fork(&request(&src.cid, "v00003", "rwf2")).await,
-            ErrorKind::Input,
-        );
-        assert_kind(
-            s.create_fork(&request(&src.cid, "v00000", "rwf3")).await,
-            ErrorKind::Input,
-        );
+        assert_kind(s.create_fork(&request(&src.cid, "v00003", "rwf2")).await, ErrorKind::Input);
+        assert_kind(s.create_fork(&request(&src.cid, "v00000", "rwf3")).await, ErrorKind::Input);
     })
     .await;
 }
@@ -481,98 +235,42 @@ async fn a_longer_history_backfills_page_by_page_to_the_exact_count_without_dupl
         // One reply to each of the 30 oldest messages, three to m00120.
         for (i, parent) in top.iter().enumerate().take(30) {
             let id = format!("r{i:05}");
-            s.send_message(
-                &src.cid,
-                &reply_at(&id, parent, "reply", BASE_TS + i as i64 * MS + MS / 2),
-                &user("bot"),
-            )
-            .await
-            .expect("reply");
+            s.send_message(&src.cid, &reply_at(&id, parent, "reply", BASE_TS + i as i64 * MS + MS / 2), &user("bot")).await.expect("reply");
             sent.push(id);
         }
         for j in 0..3 {
             let id = format!("late{j}");
-            s.send_message(
-                &src.cid,
-                &reply_at(
-                    &id,
-                    "m00120",
-                    "reply",
-                    BASE_TS + 120 * MS + (j + 1) * MS / 4,
-                ),
-                &user("bot"),
-            )
-            .await
-            .expect("reply");
+            s.send_message(&src.cid, &reply_at(&id, "m00120", "reply", BASE_TS + 120 * MS + (j + 1) * MS / 4), &user("bot"))
+                .await
+                .expect("reply");
             sent.push(id);
         }
-        s.delete_message("m00010", false, None)
-            .await
-            .expect("delete");
+        s.delete_message("m00010", false, None).await.expect("delete");
         let eligible = 130 - 1 + 30 - 1 + 3; // m00010 and its reply are not copied
 
         let out = fork(s, &src.cid, "m00129", "lf").await;
         let fc = "agent:lf";
         assert_eq!(out.fork.status, ForkStatus::Backfilling);
-        assert_eq!(
-            out.fork.copied_message_count, 103,
-            "the newest page: 100 top-level messages and their 3 replies"
-        );
+        assert_eq!(out.fork.copied_message_count, 103, "the newest page: 100 top-level messages and their 3 replies");
         assert_eq!(out.message_id_map.len(), 103);
-        assert!(out
-            .message_id_map
-            .iter()
-            .all(|(k, v)| v.as_str() == Some(copy_id(fc, k).as_str())));
-        let task_id = out
-            .fork
-            .task_id
-            .clone()
-            .expect("a backfilling fork has a task");
+        assert!(out.message_id_map.iter().all(|(k, v)| v.as_str() == Some(copy_id(fc, k).as_str())));
+        let task_id = out.fork.task_id.clone().expect("a backfilling fork has a task");
         let task = s.task(&task_id).await.expect("task").expect("task exists");
         assert_eq!(task.status, "pending");
         assert_eq!(task.result["fork_channel_cid"], json!(fc));
-        assert_eq!(
-            s.backfilling_forks().await.expect("backfilling"),
-            strings(&[fc])
-        );
+        assert_eq!(s.backfilling_forks().await.expect("backfilling"), strings(&[fc]));
         assert!(s.task("no-such-task").await.expect("task").is_none());
 
         // While it copies: no rewind, no fork of the fork, no version 5 ids.
         let last_copy = copy_id(fc, "m00129");
-        let e = assert_kind(
-            s.rewind_channel(fc, &last_copy, &last_copy, false, None)
-                .await,
-            ErrorKind::ForkInProgress,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("fork_in_progress")
-        );
-        let e = assert_kind(
-            s.create_fork(&request(fc, &last_copy, "lf2")).await,
-            ErrorKind::ForkInProgress,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("fork_in_progress")
-        );
+        let e = assert_kind(s.rewind_channel(fc, &last_copy, &last_copy, false, None).await, ErrorKind::ForkInProgress);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_in_progress"));
+        let e = assert_kind(s.create_fork(&request(fc, &last_copy, "lf2")).await, ErrorKind::ForkInProgress);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_in_progress"));
         let v5 = copy_id("agent:elsewhere", "x");
-        let e = assert_kind(
-            s.send_message(fc, &msg(&v5, "reserved"), &user("amy"))
-                .await,
-            ErrorKind::Input,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("fork_message_id_reserved")
-        );
-        s.send_message(
-            fc,
-            &msg("own-1", "a message of the fork's own"),
-            &user("amy"),
-        )
-        .await
-        .expect("other ids are accepted");
+        let e = assert_kind(s.send_message(fc, &msg(&v5, "reserved"), &user("amy")).await, ErrorKind::Input);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_message_id_reserved"));
+        s.send_message(fc, &msg("own-1", "a message of the fork's own"), &user("amy")).await.expect("other ids are accepted");
 
         // A retry while backfilling returns the fork as it is, with the first page's map.
         let retry = fork(s, &src.cid, "m00129", "lf").await;
@@ -580,37 +278,20 @@ async fn a_longer_history_backfills_page_by_page_to_the_exact_count_without_dupl
         assert_eq!(retry.message_id_map, out.message_id_map);
         assert_eq!(retry.fork.status, ForkStatus::Backfilling);
 
-        assert_eq!(
-            s.backfill_step(fc, 20).await.expect("step"),
-            BackfillStep::More
-        );
+        assert_eq!(s.backfill_step(fc, 20).await.expect("step"), BackfillStep::More);
         let running = s.task(&task_id).await.expect("task").expect("task exists");
         assert_eq!(running.status, "running");
-        assert_eq!(
-            summary(s, fc).await.total_message_count,
-            Some(eligible),
-            "the first step plans the total"
-        );
+        assert_eq!(summary(s, fc).await.total_message_count, Some(eligible), "the first step plans the total");
         let seq = s.last_event_seq().await.expect("seq");
         let more = backfill_to_end(s, fc, 20).await;
-        assert!(
-            more >= 2,
-            "a 20-message page needs several steps, got {more} more"
-        );
+        assert!(more >= 2, "a 20-message page needs several steps, got {more} more");
 
         let done = summary(s, fc).await;
         assert_eq!(done.status, ForkStatus::Completed);
-        assert_eq!(
-            (done.copied_message_count, done.total_message_count),
-            (eligible, Some(eligible))
-        );
+        assert_eq!((done.copied_message_count, done.total_message_count), (eligible, Some(eligible)));
         assert!(!done.truncated);
         assert_eq!(done.oldest_source_message_id, None);
-        assert_eq!(
-            done.task_id.as_deref(),
-            Some(task_id.as_str()),
-            "the task stays readable"
-        );
+        assert_eq!(done.task_id.as_deref(), Some(task_id.as_str()), "the task stays readable");
         let finished = s.task(&task_id).await.expect("task").expect("task exists");
         assert_eq!(finished.status, "completed");
         assert_eq!(finished.result["copied_message_count"], json!(eligible));
@@ -618,42 +299,23 @@ async fn a_longer_history_backfills_page_by_page_to_the_exact_count_without_dupl
         assert!(finished.error.is_none());
 
         let lookup = s.fork_message_ids(fc, &sent).await.expect("lookup");
-        assert_eq!(
-            lookup.len() as i64,
-            eligible,
-            "every eligible message has exactly one copy"
-        );
+        assert_eq!(lookup.len() as i64, eligible, "every eligible message has exactly one copy");
         assert!(!lookup.contains_key("m00010") && !lookup.contains_key("r00010"));
-        assert!(lookup
-            .iter()
-            .all(|(k, v)| v.as_str() == Some(copy_id(fc, k).as_str())));
+        assert!(lookup.iter().all(|(k, v)| v.as_str() == Some(copy_id(fc, k).as_str())));
         let fork_channel = s.get_channel(fc).await.expect("get").expect("exists");
-        assert_eq!(
-            fork_channel.message_count,
-            eligible + 1,
-            "the copies and the fork's own message, no duplicates"
-        );
+        assert_eq!(fork_channel.message_count, eligible + 1, "the copies and the fork's own message, no duplicates");
         assert_eq!(stored(s, &copy_id(fc, "m00000")).await.reply_count, 1);
         assert_eq!(stored(s, &copy_id(fc, "m00120")).await.reply_count, 3);
         let oldest = s
             .channel_messages(
                 &fork_channel,
                 &Viewer::Server,
-                &Page {
-                    limit: 2,
-                    dir: PageDir::After {
-                        id: copy_id(fc, "m00000"),
-                        inclusive: true,
-                    },
-                },
+                &Page { limit: 2, dir: PageDir::After { id: copy_id(fc, "m00000"), inclusive: true } },
             )
             .await
             .expect("page");
         assert_eq!(
-            oldest
-                .iter()
-                .map(|m| m.source_message_id.clone().unwrap_or_default())
-                .collect::<Vec<_>>(),
+            oldest.iter().map(|m| m.source_message_id.clone().unwrap_or_default()).collect::<Vec<_>>(),
             strings(&["m00000", "m00001"]),
             "older pages read in order"
         );
@@ -664,43 +326,20 @@ async fn a_longer_history_backfills_page_by_page_to_the_exact_count_without_dupl
             strings(&["channel.forked", "channel.forked"]),
             "channel.forked is written once per channel when the backfill ends"
         );
-        assert_eq!(
-            events[1]
-                .event
-                .fork
-                .as_ref()
-                .map(|f| f.copied_message_count),
-            Some(eligible)
-        );
+        assert_eq!(events[1].event.fork.as_ref().map(|f| f.copied_message_count), Some(eligible));
         assert!(s.backfilling_forks().await.expect("backfilling").is_empty());
 
         // Running it again is a no-op.
         let end = s.last_event_seq().await.expect("seq");
-        assert_eq!(
-            s.backfill_step(fc, 20).await.expect("step after done"),
-            BackfillStep::Done
-        );
-        assert_eq!(
-            s.last_event_seq().await.expect("seq"),
-            end,
-            "no second channel.forked"
-        );
+        assert_eq!(s.backfill_step(fc, 20).await.expect("step after done"), BackfillStep::Done);
+        assert_eq!(s.last_event_seq().await.expect("seq"), end, "no second channel.forked");
         assert_eq!(summary(s, fc).await, done);
-        assert_eq!(
-            s.backfill_step("agent:no-such-fork", 20)
-                .await
-                .expect("step"),
-            BackfillStep::Gone
-        );
+        assert_eq!(s.backfill_step("agent:no-such-fork", 20).await.expect("step"), BackfillStep::Gone);
 
         // Finished: version 5 ids are accepted again, and the fork may be forked and rewound.
-        s.send_message(fc, &msg(&v5, "now allowed"), &user("amy"))
-            .await
-            .expect("v5 id after the fork finished");
+        s.send_message(fc, &msg(&v5, "now allowed"), &user("amy")).await.expect("v5 id after the fork finished");
         fork(s, fc, &last_copy, "lf2").await;
-        s.rewind_channel(fc, &last_copy, &v5, false, None)
-            .await
-            .expect("rewind the finished fork");
+        s.rewind_channel(fc, &last_copy, &v5, false, None).await.expect("rewind the finished fork");
     })
     .await;
 }
@@ -718,37 +357,15 @@ async fn a_fork_of_more_than_10000_messages_keeps_the_newest_10000_and_is_marked
         backfill_to_end(s, fc, BACKFILL_PAGE).await;
         let done = summary(s, fc).await;
         assert_eq!(done.status, ForkStatus::Completed);
-        assert!(
-            done.truncated,
-            "more than 10,000 messages up to the fork point"
-        );
+        assert!(done.truncated, "more than 10,000 messages up to the fork point");
         assert_eq!(done.copied_message_count, MAX_COPIED);
         assert_eq!(done.total_message_count, Some(MAX_COPIED));
-        assert_eq!(
-            done.oldest_source_message_id.as_deref(),
-            Some(ids[10].as_str()),
-            "the oldest message the fork holds"
-        );
+        assert_eq!(done.oldest_source_message_id.as_deref(), Some(ids[10].as_str()), "the oldest message the fork holds");
         let lookup = s.fork_message_ids(fc, &ids[8..12]).await.expect("lookup");
-        assert_eq!(
-            lookup.keys().cloned().collect::<Vec<_>>(),
-            ids[10..12].to_vec(),
-            "older history stays in the source only"
-        );
-        let task = s
-            .task(done.task_id.as_deref().expect("task"))
-            .await
-            .expect("task")
-            .expect("exists");
+        assert_eq!(lookup.keys().cloned().collect::<Vec<_>>(), ids[10..12].to_vec(), "older history stays in the source only");
+        let task = s.task(done.task_id.as_deref().expect("task")).await.expect("task").expect("exists");
         assert_eq!(task.result["truncated"], json!(true));
-        assert_eq!(
-            s.get_channel(fc)
-                .await
-                .expect("get")
-                .expect("exists")
-                .message_count,
-            MAX_COPIED
-        );
+        assert_eq!(s.get_channel(fc).await.expect("get").expect("exists").message_count, MAX_COPIED);
     })
     .await;
 }
@@ -765,43 +382,17 @@ async fn a_retry_returns_the_existing_fork_and_another_message_into_the_same_tar
         assert!(first.created && !again.created);
         assert_eq!(again.message_id_map, first.message_id_map);
         assert_eq!(again.fork, first.fork);
-        assert_eq!(
-            s.last_event_seq().await.expect("seq"),
-            seq,
-            "a retry writes no events"
-        );
+        assert_eq!(s.last_event_seq().await.expect("seq"), seq, "a retry writes no events");
 
-        let e = assert_kind(
-            s.create_fork(&request(&src.cid, "m00002", "rf")).await,
-            ErrorKind::ForkTargetConflict,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("fork_target_conflict")
-        );
-        assert_eq!(
-            e.fields.get("source_channel_cid").map(String::as_str),
-            Some("agent:retry")
-        );
-        assert_eq!(
-            e.fields.get("source_message_id").map(String::as_str),
-            Some("m00001")
-        );
+        let e = assert_kind(s.create_fork(&request(&src.cid, "m00002", "rf")).await, ErrorKind::ForkTargetConflict);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_target_conflict"));
+        assert_eq!(e.fields.get("source_channel_cid").map(String::as_str), Some("agent:retry"));
+        assert_eq!(e.fields.get("source_message_id").map(String::as_str), Some("m00001"));
 
         agent_channel(s, "plain", &[]).await;
-        let e = assert_kind(
-            s.create_fork(&request(&src.cid, "m00002", "plain")).await,
-            ErrorKind::Input,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("fork_target_exists")
-        );
-        assert_eq!(
-            s.list_forks(&src.cid, 10, 0).await.expect("forks").len(),
-            1,
-            "refused forks leave nothing behind"
-        );
+        let e = assert_kind(s.create_fork(&request(&src.cid, "m00002", "plain")).await, ErrorKind::Input);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_target_exists"));
+        assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("forks").len(), 1, "refused forks leave nothing behind");
         assert!(s.get_channel("agent:rf2").await.expect("get").is_none());
     })
     .await;
@@ -813,59 +404,21 @@ async fn a_fork_point_must_be_a_visible_top_level_message_of_an_agent_channel() 
         let s = &ctx.store;
         let src = agent_channel(s, "pts", &[]).await;
         seed(s, &src.cid, "amy", "m", 2, BASE_TS).await;
-        s.send_message(
-            &src.cid,
-            &reply_at("r", "m00000", "reply", BASE_TS + MS / 2),
-            &user("amy"),
-        )
-        .await
-        .expect("reply");
-        s.send_message(
-            &src.cid,
-            &msg_at("gone", "deleted", BASE_TS + 5 * MS),
-            &user("amy"),
-        )
-        .await
-        .expect("send");
+        s.send_message(&src.cid, &reply_at("r", "m00000", "reply", BASE_TS + MS / 2), &user("amy")).await.expect("reply");
+        s.send_message(&src.cid, &msg_at("gone", "deleted", BASE_TS + 5 * MS), &user("amy")).await.expect("send");
         s.delete_message("gone", false, None).await.expect("delete");
         let other = agent_channel(s, "pts-other", &[]).await;
-        s.send_message(&other.cid, &msg("foreign", "x"), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&other.cid, &msg("foreign", "x"), &user("amy")).await.expect("send");
         for bad in ["r", "gone", "missing", "foreign"] {
-            assert_kind(
-                s.create_fork(&request(&src.cid, bad, &format!("t-{bad}")))
-                    .await,
-                ErrorKind::Input,
-            );
+            assert_kind(s.create_fork(&request(&src.cid, bad, &format!("t-{bad}"))).await, ErrorKind::Input);
         }
         let messaging = channel_of(s, "messaging", "chat", "owner", &[]).await;
-        s.send_message(&messaging.cid, &msg("mm", "x"), &user("amy"))
-            .await
-            .expect("send");
-        assert_kind(
-            s.create_fork(&request(&messaging.cid, "mm", "t-messaging"))
-                .await,
-            ErrorKind::Input,
-        );
-        assert_kind(
-            s.create_fork(&request("agent:missing", "m00000", "t-missing"))
-                .await,
-            ErrorKind::NotFound,
-        );
-        s.delete_channel(&other.cid, false, None)
-            .await
-            .expect("delete");
-        assert_kind(
-            s.create_fork(&request(&other.cid, "foreign", "t-deleted"))
-                .await,
-            ErrorKind::NotFound,
-        );
-        assert!(s
-            .list_forks(&src.cid, 10, 0)
-            .await
-            .expect("forks")
-            .is_empty());
+        s.send_message(&messaging.cid, &msg("mm", "x"), &user("amy")).await.expect("send");
+        assert_kind(s.create_fork(&request(&messaging.cid, "mm", "t-messaging")).await, ErrorKind::Input);
+        assert_kind(s.create_fork(&request("agent:missing", "m00000", "t-missing")).await, ErrorKind::NotFound);
+        s.delete_channel(&other.cid, false, None).await.expect("delete");
+        assert_kind(s.create_fork(&request(&other.cid, "foreign", "t-deleted")).await, ErrorKind::NotFound);
+        assert!(s.list_forks(&src.cid, 10, 0).await.expect("forks").is_empty());
     })
     .await;
 }
@@ -875,29 +428,13 @@ async fn a_fork_point_that_shares_its_created_at_with_another_visible_message_is
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = agent_channel(s, "amb", &[]).await;
-        s.send_message(&src.cid, &msg_at("x", "twin one", BASE_TS), &user("amy"))
-            .await
-            .expect("send");
-        s.send_message(&src.cid, &msg_at("y", "twin two", BASE_TS), &user("amy"))
-            .await
-            .expect("send");
-        let e = assert_kind(
-            s.create_fork(&request(&src.cid, "y", "ambf")).await,
-            ErrorKind::ForkPointAmbiguous,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("fork_point_ambiguous")
-        );
+        s.send_message(&src.cid, &msg_at("x", "twin one", BASE_TS), &user("amy")).await.expect("send");
+        s.send_message(&src.cid, &msg_at("y", "twin two", BASE_TS), &user("amy")).await.expect("send");
+        let e = assert_kind(s.create_fork(&request(&src.cid, "y", "ambf")).await, ErrorKind::ForkPointAmbiguous);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_point_ambiguous"));
         assert!(s.get_channel("agent:ambf").await.expect("get").is_none());
-        s.delete_message("x", false, None)
-            .await
-            .expect("delete the twin");
-        assert_eq!(
-            fork(s, &src.cid, "y", "ambf").await.fork.status,
-            ForkStatus::Completed,
-            "a deleted twin is not visible"
-        );
+        s.delete_message("x", false, None).await.expect("delete the twin");
+        assert_eq!(fork(s, &src.cid, "y", "ambf").await.fork.status, ForkStatus::Completed, "a deleted twin is not visible");
     })
     .await;
 }
@@ -907,68 +444,27 @@ async fn a_source_has_at_most_100_forks_that_did_not_fail_and_a_hard_deleted_for
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = agent_channel(s, "many", &[]).await;
-        s.send_message(&src.cid, &msg("m", "fork me often"), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&src.cid, &msg("m", "fork me often"), &user("amy")).await.expect("send");
         // A failed fork does not count.
-        s.put_channel_type("agent", Some(3), &Map::new())
-            .await
-            .expect("lower the limit");
-        assert_eq!(
-            fork(s, &src.cid, "m", "failed").await.fork.status,
-            ForkStatus::Failed
-        );
-        s.put_channel_type("agent", Some(5000), &Map::new())
-            .await
-            .expect("restore the limit");
+        s.put_channel_type("agent", Some(3), &Map::new()).await.expect("lower the limit");
+        assert_eq!(fork(s, &src.cid, "m", "failed").await.fork.status, ForkStatus::Failed);
+        s.put_channel_type("agent", Some(5000), &Map::new()).await.expect("restore the limit");
         for i in 0..MAX_FORKS {
             fork(s, &src.cid, "m", &format!("f{i:03}")).await;
         }
-        let e = assert_kind(
-            s.create_fork(&request(&src.cid, "m", "one-too-many")).await,
-            ErrorKind::TooManyForks,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("too_many_forks")
-        );
+        let e = assert_kind(s.create_fork(&request(&src.cid, "m", "one-too-many")).await, ErrorKind::TooManyForks);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("too_many_forks"));
         assert_eq!(e.fields.get("limit").map(String::as_str), Some("100"));
 
-        let newest: Vec<String> = s
-            .list_forks(&src.cid, 3, 0)
-            .await
-            .expect("forks")
-            .into_iter()
-            .map(|f| f.channel_cid)
-            .collect();
-        assert_eq!(
-            newest,
-            strings(&["agent:f099", "agent:f098", "agent:f097"]),
-            "newest first"
-        );
-        let paged: Vec<String> = s
-            .list_forks(&src.cid, 2, 99)
-            .await
-            .expect("forks")
-            .into_iter()
-            .map(|f| f.channel_cid)
-            .collect();
+        let newest: Vec<String> = s.list_forks(&src.cid, 3, 0).await.expect("forks").into_iter().map(|f| f.channel_cid).collect();
+        assert_eq!(newest, strings(&["agent:f099", "agent:f098", "agent:f097"]), "newest first");
+        let paged: Vec<String> = s.list_forks(&src.cid, 2, 99).await.expect("forks").into_iter().map(|f| f.channel_cid).collect();
         assert_eq!(paged, strings(&["agent:f000", "agent:failed"]));
 
-        s.delete_channel("agent:f050", false, None)
-            .await
-            .expect("soft delete a fork");
-        assert_kind(
-            s.create_fork(&request(&src.cid, "m", "one-too-many")).await,
-            ErrorKind::TooManyForks,
-        );
-        s.delete_channel("agent:f050", true, None)
-            .await
-            .expect("hard delete a fork");
-        assert_eq!(
-            s.list_forks(&src.cid, 200, 0).await.expect("forks").len(),
-            100
-        );
+        s.delete_channel("agent:f050", false, None).await.expect("soft delete a fork");
+        assert_kind(s.create_fork(&request(&src.cid, "m", "one-too-many")).await, ErrorKind::TooManyForks);
+        s.delete_channel("agent:f050", true, None).await.expect("hard delete a fork");
+        assert_eq!(s.list_forks(&src.cid, 200, 0).await.expect("forks").len(), 100);
         let out = fork(s, &src.cid, "m", "one-too-many").await;
         assert!(out.created, "the freed slot is taken");
     })
@@ -980,62 +476,30 @@ async fn a_source_message_over_the_size_limit_fails_the_fork_with_message_too_la
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = agent_channel(s, "big", &["amy"]).await;
-        s.send_message(
-            &src.cid,
-            &msg_at("long", "written under a larger limit", BASE_TS),
-            &user("amy"),
-        )
-        .await
-        .expect("send");
-        s.send_message(
-            &src.cid,
-            &msg_at("short", "fits", BASE_TS + MS),
-            &user("amy"),
-        )
-        .await
-        .expect("send");
-        s.put_channel_type("agent", Some(10), &Map::new())
-            .await
-            .expect("lower the limit");
+        s.send_message(&src.cid, &msg_at("long", "written under a larger limit", BASE_TS), &user("amy")).await.expect("send");
+        s.send_message(&src.cid, &msg_at("short", "fits", BASE_TS + MS), &user("amy")).await.expect("send");
+        s.put_channel_type("agent", Some(10), &Map::new()).await.expect("lower the limit");
         let seq = s.last_event_seq().await.expect("seq");
         let out = fork(s, &src.cid, "short", "bigf").await;
         assert!(out.created, "a failed fork is an answer, not an error");
         let f = &out.fork;
         assert_eq!(f.status, ForkStatus::Failed);
         assert_eq!(f.failed_reason.as_deref(), Some(FAILED_TOO_LARGE));
-        assert_eq!(
-            f.copied_message_count, 1,
-            "what was copied before the failure stays"
-        );
+        assert_eq!(f.copied_message_count, 1, "what was copied before the failure stays");
         assert_eq!(f.task_id, None);
         assert_eq!(
-            s.fork_message_ids("agent:bigf", &strings(&["long", "short"]))
-                .await
-                .expect("lookup"),
+            s.fork_message_ids("agent:bigf", &strings(&["long", "short"])).await.expect("lookup"),
             map_of(&[("short", copy_id("agent:bigf", "short"))])
         );
         assert_eq!(
-            kinds(&events_since(s, seq).await)
-                .iter()
-                .filter(|k| *k == "channel.forked")
-                .count(),
+            kinds(&events_since(s, seq).await).iter().filter(|k| *k == "channel.forked").count(),
             2,
             "a failed fork is finished too"
         );
         let retry = fork(s, &src.cid, "short", "bigf").await;
-        assert_eq!(
-            (retry.created, retry.fork.status),
-            (false, ForkStatus::Failed),
-            "a retry returns it as it is"
-        );
+        assert_eq!((retry.created, retry.fork.status), (false, ForkStatus::Failed), "a retry returns it as it is");
         // A failed fork is an ordinary channel.
-        s.send_message(
-            "agent:bigf",
-            &msg(&copy_id("agent:x", "y"), "any id"),
-            &user("amy"),
-        )
-        .await
-        .expect("send into a failed fork");
+        s.send_message("agent:bigf", &msg(&copy_id("agent:x", "y"), "any id"), &user("amy")).await.expect("send into a failed fork");
     })
     .await;
 }
@@ -1045,32 +509,17 @@ async fn a_copy_id_held_by_another_message_fails_the_fork_with_fork_message_id_t
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = agent_channel(s, "taken-src", &[]).await;
-        s.send_message(&src.cid, &msg_at("a0", "first", BASE_TS), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&src.cid, &msg_at("a0", "first", BASE_TS), &user("amy")).await.expect("send");
         // A message that already holds the id the copy of a0 would get in agent:taken.
         let squatter = copy_id("agent:taken", "a0");
-        s.send_message(
-            &src.cid,
-            &msg_at(&squatter, "squatter", BASE_TS + MS),
-            &user("amy"),
-        )
-        .await
-        .expect("send");
+        s.send_message(&src.cid, &msg_at(&squatter, "squatter", BASE_TS + MS), &user("amy")).await.expect("send");
         let out = fork(s, &src.cid, &squatter, "taken").await;
         assert_eq!(out.fork.status, ForkStatus::Failed);
         assert_eq!(out.fork.failed_reason.as_deref(), Some(FAILED_ID_TAKEN));
         assert_eq!(out.fork.copied_message_count, 1);
-        assert_eq!(
-            stored(s, &squatter).await.cid,
-            src.cid,
-            "the squatter is untouched"
-        );
+        assert_eq!(stored(s, &squatter).await.cid, src.cid, "the squatter is untouched");
         // Another target id gives other copy ids and succeeds.
-        assert_eq!(
-            fork(s, &src.cid, &squatter, "taken2").await.fork.status,
-            ForkStatus::Completed
-        );
+        assert_eq!(fork(s, &src.cid, &squatter, "taken2").await.fork.status, ForkStatus::Completed);
     })
     .await;
 }
@@ -1083,63 +532,36 @@ async fn a_backfill_whose_source_was_hard_deleted_ends_with_what_was_copied() {
         let ids = seed(s, &src.cid, "amy", "m", 120, BASE_TS).await;
         let out = fork(s, &src.cid, &ids[119], "orphan").await;
         assert_eq!(out.fork.status, ForkStatus::Backfilling);
-        s.delete_channel(&src.cid, true, None)
-            .await
-            .expect("hard delete the source");
+        s.delete_channel(&src.cid, true, None).await.expect("hard delete the source");
         let seq = s.last_event_seq().await.expect("seq");
-        assert_eq!(
-            s.backfill_step("agent:orphan", 50).await.expect("step"),
-            BackfillStep::Done
-        );
+        assert_eq!(s.backfill_step("agent:orphan", 50).await.expect("step"), BackfillStep::Done);
         let f = summary(s, "agent:orphan").await;
-        assert_eq!(
-            (f.status, f.copied_message_count),
-            (ForkStatus::Completed, 100)
-        );
+        assert_eq!((f.status, f.copied_message_count), (ForkStatus::Completed, 100));
         let events = events_since(s, seq).await;
-        assert_eq!(
-            kinds(&events),
-            strings(&["channel.forked"]),
-            "only the fork is left to announce it"
-        );
-        assert!(
-            events[0].audience.webhooks,
-            "with the source gone, webhooks hear it from the fork"
-        );
+        assert_eq!(kinds(&events), strings(&["channel.forked"]), "only the fork is left to announce it");
+        assert!(events[0].audience.webhooks, "with the source gone, webhooks hear it from the fork");
         assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("forks").len(), 1);
     })
     .await;
 }
 
 #[tokio::test]
-async fn a_backfill_whose_source_was_soft_deleted_finishes_normally_and_tells_webhooks_from_the_fork(
-) {
+async fn a_backfill_whose_source_was_soft_deleted_finishes_normally_and_tells_webhooks_from_the_fork() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = agent_channel(s, "soft", &["amy"]).await;
         let ids = seed(s, &src.cid, "amy", "m", 110, BASE_TS).await;
         fork(s, &src.cid, &ids[109], "softf").await;
-        s.delete_channel(&src.cid, false, None)
-            .await
-            .expect("soft delete the source");
+        s.delete_channel(&src.cid, false, None).await.expect("soft delete the source");
         let seq = s.last_event_seq().await.expect("seq");
         backfill_to_end(s, "agent:softf", 50).await;
         let f = summary(s, "agent:softf").await;
-        assert_eq!(
-            (f.status, f.copied_message_count, f.total_message_count),
-            (ForkStatus::Completed, 110, Some(110))
-        );
+        assert_eq!((f.status, f.copied_message_count, f.total_message_count), (ForkStatus::Completed, 110, Some(110)));
         let events = events_since(s, seq).await;
-        let forked: Vec<(Option<String>, bool)> = events
-            .iter()
-            .map(|e| (e.event.cid.clone(), e.audience.webhooks))
-            .collect();
+        let forked: Vec<(Option<String>, bool)> = events.iter().map(|e| (e.event.cid.clone(), e.audience.webhooks)).collect();
         assert_eq!(
             forked,
-            vec![
-                (Some(src.cid.clone()), true),
-                (Some("agent:softf".to_string()), true)
-            ],
+            vec![(Some(src.cid.clone()), true), (Some("agent:softf".to_string()), true)],
             "the fork's channel.forked goes to webhooks too"
         );
     })
@@ -1147,8 +569,7 @@ async fn a_backfill_whose_source_was_soft_deleted_finishes_normally_and_tells_we
 }
 
 #[tokio::test]
-async fn rewinding_the_source_while_a_fork_backfills_keeps_copied_pages_and_skips_the_hidden_rest()
-{
+async fn rewinding_the_source_while_a_fork_backfills_keeps_copied_pages_and_skips_the_hidden_rest() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = agent_channel(s, "moving", &[]).await;
@@ -1156,25 +577,16 @@ async fn rewinding_the_source_while_a_fork_backfills_keeps_copied_pages_and_skip
         let out = fork(s, &src.cid, &ids[129], "mf").await;
         assert_eq!(out.fork.copied_message_count, 100);
         // Hides m00011..m00129 in the source: the first page was copied already, m00011..m00029 were not.
-        s.rewind_channel(&src.cid, &ids[10], &ids[129], false, None)
-            .await
-            .expect("rewind the source");
+        s.rewind_channel(&src.cid, &ids[10], &ids[129], false, None).await.expect("rewind the source");
         backfill_to_end(s, "agent:mf", 7).await;
         let f = summary(s, "agent:mf").await;
-        assert_eq!(
-            (f.status, f.copied_message_count),
-            (ForkStatus::Completed, 111)
-        );
+        assert_eq!((f.status, f.copied_message_count), (ForkStatus::Completed, 111));
         let lookup = s.fork_message_ids("agent:mf", &ids).await.expect("lookup");
         let expected: Vec<String> = ids[..=10].iter().chain(&ids[30..]).cloned().collect();
         let mut got: Vec<String> = lookup.keys().cloned().collect();
         got.sort();
         assert_eq!(got, expected);
-        assert_eq!(
-            ids_seen_by(s, "agent:mf", &Viewer::Server).await.len(),
-            111,
-            "the fork's copies are not hidden by the source's rewind"
-        );
+        assert_eq!(ids_seen_by(s, "agent:mf", &Viewer::Server).await.len(), 111, "the fork's copies are not hidden by the source's rewind");
     })
     .await;
 }
@@ -1186,22 +598,11 @@ async fn a_source_with_more_than_100_members_must_name_the_forks_members() {
         let names: Vec<String> = (0..101).map(|i| format!("u{i:03}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let src = agent_channel(s, "crowd", &refs).await;
-        s.send_message(&src.cid, &msg("m", "hello all"), &user("u000"))
-            .await
-            .expect("send");
-        let e = assert_kind(
-            s.create_fork(&request(&src.cid, "m", "crowdf")).await,
-            ErrorKind::Input,
-        );
+        s.send_message(&src.cid, &msg("m", "hello all"), &user("u000")).await.expect("send");
+        let e = assert_kind(s.create_fork(&request(&src.cid, "m", "crowdf")).await, ErrorKind::Input);
         assert!(e.message.contains("100"), "{e}");
-        let named = ForkRequest {
-            members: Some(vec![member("u000"), member("u001")]),
-            ..request(&src.cid, "m", "crowdf")
-        };
-        let out = s
-            .create_fork(&named)
-            .await
-            .expect("fork with named members");
+        let named = ForkRequest { members: Some(vec![member("u000"), member("u001")]), ..request(&src.cid, "m", "crowdf") };
+        let out = s.create_fork(&named).await.expect("fork with named members");
         assert_eq!(out.channel.member_count, 2);
     })
     .await;
@@ -1226,11 +627,7 @@ async fn two_identical_fork_requests_racing_create_one_fork() {
         );
         let a = a.expect("join").expect("first request");
         let b = b.expect("join").expect("second request");
-        assert_eq!(
-            [a.created, b.created].iter().filter(|c| **c).count(),
-            1,
-            "exactly one request creates the fork"
-        );
+        assert_eq!([a.created, b.created].iter().filter(|c| **c).count(), 1, "exactly one request creates the fork");
         assert_eq!(a.fork, b.fork);
         assert_eq!(a.message_id_map, b.message_id_map);
         assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("forks").len(), 1);
@@ -1246,33 +643,15 @@ async fn two_workers_backfilling_one_fork_copy_each_message_once() {
         let ids = seed(&s, &src.cid, "amy", "m", 260, BASE_TS).await;
         fork(&s, &src.cid, &ids[259], "twicef").await;
         let worker = |s: Store| async move { backfill_to_end(&s, "agent:twicef", 15).await };
-        let (a, b) = tokio::join!(
-            tokio::spawn(worker(s.clone())),
-            tokio::spawn(worker(s.clone()))
-        );
+        let (a, b) = tokio::join!(tokio::spawn(worker(s.clone())), tokio::spawn(worker(s.clone())));
         a.expect("first worker");
         b.expect("second worker");
         let f = summary(&s, "agent:twicef").await;
         assert_eq!(f.status, ForkStatus::Completed);
-        assert_eq!(
-            (f.copied_message_count, f.total_message_count),
-            (260, Some(260))
-        );
-        assert_eq!(
-            s.fork_message_ids("agent:twicef", &ids)
-                .await
-                .expect("lookup")
-                .len(),
-            260
-        );
-        let forked = kinds(&events_since(&s, 0).await)
-            .iter()
-            .filter(|k| *k == "channel.forked")
-            .count();
-        assert_eq!(
-            forked, 2,
-            "channel.forked is written once per channel, not once per worker"
-        );
+        assert_eq!((f.copied_message_count, f.total_message_count), (260, Some(260)));
+        assert_eq!(s.fork_message_ids("agent:twicef", &ids).await.expect("lookup").len(), 260);
+        let forked = kinds(&events_since(&s, 0).await).iter().filter(|k| *k == "channel.forked").count();
+        assert_eq!(forked, 2, "channel.forked is written once per channel, not once per worker");
     })
     .await;
 }

@@ -2,8 +2,7 @@
 //! threads, truncation and rewind.
 
 use crate::support::{
-    agent_channel, assert_kind, events_since, ids_seen_by, kinds, msg, msg_at, reply, reply_at,
-    seed, user, viewer, with_store, BASE_TS, MS,
+    agent_channel, assert_kind, events_since, ids_seen_by, kinds, msg, msg_at, reply, reply_at, seed, user, viewer, with_store, BASE_TS, MS,
 };
 use offshoot_core::model::{Message, NewMessage, Reaction, Viewer};
 use offshoot_core::{Error, ErrorKind};
@@ -23,19 +22,11 @@ fn strings(v: &[&str]) -> Vec<String> {
 }
 
 fn reaction(kind: &str, score: i64) -> Reaction {
-    Reaction {
-        kind: kind.into(),
-        score,
-        ..Default::default()
-    }
+    Reaction { kind: kind.into(), score, ..Default::default() }
 }
 
 async fn stored(s: &offshoot_store::Store, id: &str) -> Message {
-    s.get_message(id, &Viewer::Server)
-        .await
-        .expect("get message")
-        .expect("message exists")
-        .0
+    s.get_message(id, &Viewer::Server).await.expect("get message").expect("message exists").0
 }
 
 #[tokio::test]
@@ -43,46 +34,19 @@ async fn sending_a_reply_bumps_the_parents_reply_count_and_the_channels_counters
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "send", &["amy"]).await;
-        let parent = s
-            .send_message(&ch.cid, &msg("p1", "question"), &user("amy"))
-            .await
-            .expect("send parent");
-        assert_eq!(
-            (
-                parent.kind.as_str(),
-                parent.cid.as_str(),
-                parent.user_id.as_str()
-            ),
-            ("regular", "agent:send", "amy")
-        );
-        assert_eq!(
-            parent.user.as_ref().and_then(|u| u.name.as_deref()),
-            Some("amy name"),
-            "the author is hydrated"
-        );
-        let r = s
-            .send_message(&ch.cid, &reply("r1", "p1", "answer"), &user("bot"))
-            .await
-            .expect("send reply");
-        assert_eq!(
-            r.kind, "reply",
-            "a regular message in a thread becomes a reply"
-        );
+        let parent = s.send_message(&ch.cid, &msg("p1", "question"), &user("amy")).await.expect("send parent");
+        assert_eq!((parent.kind.as_str(), parent.cid.as_str(), parent.user_id.as_str()), ("regular", "agent:send", "amy"));
+        assert_eq!(parent.user.as_ref().and_then(|u| u.name.as_deref()), Some("amy name"), "the author is hydrated");
+        let r = s.send_message(&ch.cid, &reply("r1", "p1", "answer"), &user("bot")).await.expect("send reply");
+        assert_eq!(r.kind, "reply", "a regular message in a thread becomes a reply");
         assert_eq!(r.parent_id.as_deref(), Some("p1"));
-        assert!(
-            s.get_user("bot").await.expect("get user").is_some(),
-            "an unknown author is created on first sight"
-        );
+        assert!(s.get_user("bot").await.expect("get user").is_some(), "an unknown author is created on first sight");
 
         let p = stored(s, "p1").await;
         assert_eq!(p.reply_count, 1);
-        let participants: Vec<String> =
-            p.thread_participants.iter().map(|u| u.id.clone()).collect();
+        let participants: Vec<String> = p.thread_participants.iter().map(|u| u.id.clone()).collect();
         assert_eq!(participants, strings(&["bot"]));
-        let replies = s
-            .replies(&p, None, &Viewer::Server, &page(10, PageDir::Latest))
-            .await
-            .expect("replies");
+        let replies = s.replies(&p, None, &Viewer::Server, &page(10, PageDir::Latest)).await.expect("replies");
         assert_eq!(ids(&replies), strings(&["r1"]));
         assert_eq!(
             ids_seen_by(s, &ch.cid, &Viewer::Server).await,
@@ -90,32 +54,17 @@ async fn sending_a_reply_bumps_the_parents_reply_count_and_the_channels_counters
             "a reply not shown in the channel stays in its thread"
         );
 
-        let shown = NewMessage {
-            show_in_channel: true,
-            ..reply("r2", "p1", "also in the channel")
-        };
-        s.send_message(&ch.cid, &shown, &user("amy"))
-            .await
-            .expect("send shown reply");
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            strings(&["p1", "r2"])
-        );
+        let shown = NewMessage { show_in_channel: true, ..reply("r2", "p1", "also in the channel") };
+        s.send_message(&ch.cid, &shown, &user("amy")).await.expect("send shown reply");
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, strings(&["p1", "r2"]));
         assert_eq!(stored(s, "p1").await.reply_count, 2);
 
-        let generated = s
-            .send_message(&ch.cid, &msg("", "no id"), &user("amy"))
-            .await
-            .expect("send without id");
+        let generated = s.send_message(&ch.cid, &msg("", "no id"), &user("amy")).await.expect("send without id");
         assert!(!generated.id.is_empty(), "a missing id is generated");
         let channel = s.get_channel(&ch.cid).await.expect("get").expect("exists");
         assert_eq!(channel.message_count, 4);
         assert_eq!(channel.last_message_at, Some(generated.created_at));
-        assert_kind(
-            s.send_message("agent:none", &msg("x", "x"), &user("amy"))
-                .await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.send_message("agent:none", &msg("x", "x"), &user("amy")).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -126,25 +75,11 @@ async fn a_message_id_that_exists_anywhere_is_rejected() {
         let s = &ctx.store;
         let a = agent_channel(s, "dup-a", &[]).await;
         let b = agent_channel(s, "dup-b", &[]).await;
-        s.send_message(&a.cid, &msg("dup", "first"), &user("amy"))
-            .await
-            .expect("send");
-        let e = assert_kind(
-            s.send_message(&a.cid, &msg("dup", "second"), &user("amy"))
-                .await,
-            ErrorKind::Input,
-        );
+        s.send_message(&a.cid, &msg("dup", "first"), &user("amy")).await.expect("send");
+        let e = assert_kind(s.send_message(&a.cid, &msg("dup", "second"), &user("amy")).await, ErrorKind::Input);
         assert!(e.message.contains("already exists"), "{e}");
-        assert_kind(
-            s.send_message(&b.cid, &msg("dup", "elsewhere"), &user("amy"))
-                .await,
-            ErrorKind::Input,
-        );
-        assert_eq!(
-            stored(s, "dup").await.text,
-            "first",
-            "the first message is untouched"
-        );
+        assert_kind(s.send_message(&b.cid, &msg("dup", "elsewhere"), &user("amy")).await, ErrorKind::Input);
+        assert_eq!(stored(s, "dup").await.text, "first", "the first message is untouched");
     })
     .await;
 }
@@ -155,38 +90,12 @@ async fn a_reply_to_a_reply_or_to_a_message_of_another_channel_is_rejected() {
         let s = &ctx.store;
         let ch = agent_channel(s, "nest", &[]).await;
         let other = agent_channel(s, "nest-other", &[]).await;
-        s.send_message(&ch.cid, &msg("top", "top"), &user("amy"))
-            .await
-            .expect("send");
-        s.send_message(&ch.cid, &reply("r1", "top", "reply"), &user("amy"))
-            .await
-            .expect("reply");
-        assert_kind(
-            s.send_message(&ch.cid, &reply("r2", "r1", "reply to reply"), &user("amy"))
-                .await,
-            ErrorKind::MultipleNesting,
-        );
-        assert_kind(
-            s.send_message(
-                &other.cid,
-                &reply("r3", "top", "cross-channel"),
-                &user("amy"),
-            )
-            .await,
-            ErrorKind::Input,
-        );
-        assert_kind(
-            s.send_message(&ch.cid, &reply("r4", "missing", "no parent"), &user("amy"))
-                .await,
-            ErrorKind::Input,
-        );
-        assert!(
-            s.get_message("r2", &Viewer::Server)
-                .await
-                .expect("get")
-                .is_none(),
-            "nothing was stored"
-        );
+        s.send_message(&ch.cid, &msg("top", "top"), &user("amy")).await.expect("send");
+        s.send_message(&ch.cid, &reply("r1", "top", "reply"), &user("amy")).await.expect("reply");
+        assert_kind(s.send_message(&ch.cid, &reply("r2", "r1", "reply to reply"), &user("amy")).await, ErrorKind::MultipleNesting);
+        assert_kind(s.send_message(&other.cid, &reply("r3", "top", "cross-channel"), &user("amy")).await, ErrorKind::Input);
+        assert_kind(s.send_message(&ch.cid, &reply("r4", "missing", "no parent"), &user("amy")).await, ErrorKind::Input);
+        assert!(s.get_message("r2", &Viewer::Server).await.expect("get").is_none(), "nothing was stored");
         assert_eq!(stored(s, "top").await.reply_count, 1);
     })
     .await;
@@ -197,34 +106,15 @@ async fn a_quoted_message_comes_back_inside_the_quoting_message_until_it_is_dele
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "quote", &[]).await;
-        s.send_message(&ch.cid, &msg("q", "quoted"), &user("amy"))
-            .await
-            .expect("send");
-        let quoting = NewMessage {
-            quoted_message_id: Some("q".into()),
-            ..msg("qq", "quoting")
-        };
-        let m = s
-            .send_message(&ch.cid, &quoting, &user("ben"))
-            .await
-            .expect("send quoting");
-        let q = m
-            .quoted_message
-            .as_ref()
-            .expect("quoted message is hydrated");
+        s.send_message(&ch.cid, &msg("q", "quoted"), &user("amy")).await.expect("send");
+        let quoting = NewMessage { quoted_message_id: Some("q".into()), ..msg("qq", "quoting") };
+        let m = s.send_message(&ch.cid, &quoting, &user("ben")).await.expect("send quoting");
+        let q = m.quoted_message.as_ref().expect("quoted message is hydrated");
         assert_eq!((q.id.as_str(), q.text.as_str()), ("q", "quoted"));
         assert_eq!(q.user.as_ref().map(|u| u.id.as_str()), Some("amy"));
-        let bad = NewMessage {
-            quoted_message_id: Some("nope".into()),
-            ..msg("qx", "bad quote")
-        };
-        assert_kind(
-            s.send_message(&ch.cid, &bad, &user("ben")).await,
-            ErrorKind::Input,
-        );
-        s.delete_message("q", false, None)
-            .await
-            .expect("delete quoted");
+        let bad = NewMessage { quoted_message_id: Some("nope".into()), ..msg("qx", "bad quote") };
+        assert_kind(s.send_message(&ch.cid, &bad, &user("ben")).await, ErrorKind::Input);
+        s.delete_message("q", false, None).await.expect("delete quoted");
         let m = stored(s, "qq").await;
         assert_eq!(m.quoted_message_id.as_deref(), Some("q"));
         assert!(m.quoted_message.is_none(), "a deleted quote is not shown");
@@ -239,175 +129,45 @@ async fn channel_messages_page_latest_before_after_and_around_inclusively_and_ex
         let ch = agent_channel(s, "pages", &[]).await;
         let all = seed(s, &ch.cid, "amy", "m", 10, BASE_TS).await;
         let other = agent_channel(s, "pages-other", &[]).await;
-        s.send_message(&other.cid, &msg("foreign", "x"), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&other.cid, &msg("foreign", "x"), &user("amy")).await.expect("send");
         let ch = s.get_channel(&ch.cid).await.expect("get").expect("exists");
         let run = |dir: PageDir, limit: i64| {
             let ch = ch.clone();
-            async move {
-                ids(&s
-                    .channel_messages(&ch, &Viewer::Server, &page(limit, dir))
-                    .await
-                    .expect("page"))
-            }
+            async move { ids(&s.channel_messages(&ch, &Viewer::Server, &page(limit, dir)).await.expect("page")) }
         };
         let range = |a: usize, b: usize| all[a..b].to_vec();
         let at = |id: &str| id.to_string();
-        assert_eq!(
-            run(PageDir::Latest, 3).await,
-            range(7, 10),
-            "the newest page, oldest first"
-        );
+        assert_eq!(run(PageDir::Latest, 3).await, range(7, 10), "the newest page, oldest first");
         assert_eq!(run(PageDir::Latest, 100).await, all);
-        assert_eq!(
-            run(
-                PageDir::Before {
-                    id: at("m00005"),
-                    inclusive: false
-                },
-                3
-            )
-            .await,
-            range(2, 5)
-        );
-        assert_eq!(
-            run(
-                PageDir::Before {
-                    id: at("m00005"),
-                    inclusive: true
-                },
-                3
-            )
-            .await,
-            range(3, 6)
-        );
-        assert_eq!(
-            run(
-                PageDir::Before {
-                    id: at("m00001"),
-                    inclusive: false
-                },
-                3
-            )
-            .await,
-            range(0, 1)
-        );
-        assert_eq!(
-            run(
-                PageDir::After {
-                    id: at("m00005"),
-                    inclusive: false
-                },
-                3
-            )
-            .await,
-            range(6, 9)
-        );
-        assert_eq!(
-            run(
-                PageDir::After {
-                    id: at("m00005"),
-                    inclusive: true
-                },
-                3
-            )
-            .await,
-            range(5, 8)
-        );
-        assert_eq!(
-            run(
-                PageDir::After {
-                    id: at("m00008"),
-                    inclusive: false
-                },
-                3
-            )
-            .await,
-            range(9, 10)
-        );
-        assert_eq!(
-            run(PageDir::Around { id: at("m00005") }, 4).await,
-            range(4, 8)
-        );
-        assert_eq!(
-            run(PageDir::Around { id: at("m00000") }, 4).await,
-            range(0, 4),
-            "around the oldest fills from after it"
-        );
-        assert!(run(
-            PageDir::Before {
-                id: at("unknown"),
-                inclusive: false
-            },
-            3
-        )
-        .await
-        .is_empty());
+        assert_eq!(run(PageDir::Before { id: at("m00005"), inclusive: false }, 3).await, range(2, 5));
+        assert_eq!(run(PageDir::Before { id: at("m00005"), inclusive: true }, 3).await, range(3, 6));
+        assert_eq!(run(PageDir::Before { id: at("m00001"), inclusive: false }, 3).await, range(0, 1));
+        assert_eq!(run(PageDir::After { id: at("m00005"), inclusive: false }, 3).await, range(6, 9));
+        assert_eq!(run(PageDir::After { id: at("m00005"), inclusive: true }, 3).await, range(5, 8));
+        assert_eq!(run(PageDir::After { id: at("m00008"), inclusive: false }, 3).await, range(9, 10));
+        assert_eq!(run(PageDir::Around { id: at("m00005") }, 4).await, range(4, 8));
+        assert_eq!(run(PageDir::Around { id: at("m00000") }, 4).await, range(0, 4), "around the oldest fills from after it");
+        assert!(run(PageDir::Before { id: at("unknown"), inclusive: false }, 3).await.is_empty());
         assert!(
-            run(
-                PageDir::After {
-                    id: at("foreign"),
-                    inclusive: false
-                },
-                3
-            )
-            .await
-            .is_empty(),
+            run(PageDir::After { id: at("foreign"), inclusive: false }, 3).await.is_empty(),
             "an anchor from another channel matches nothing"
         );
 
         // Replies page the same way.
-        s.send_message(
-            &ch.cid,
-            &msg_at("t", "thread", BASE_TS + 100 * MS),
-            &user("amy"),
-        )
-        .await
-        .expect("send");
+        s.send_message(&ch.cid, &msg_at("t", "thread", BASE_TS + 100 * MS), &user("amy")).await.expect("send");
         for i in 0..5 {
-            s.send_message(
-                &ch.cid,
-                &reply_at(&format!("t{i}"), "t", "r", BASE_TS + (101 + i) * MS),
-                &user("amy"),
-            )
-            .await
-            .expect("reply");
+            s.send_message(&ch.cid, &reply_at(&format!("t{i}"), "t", "r", BASE_TS + (101 + i) * MS), &user("amy")).await.expect("reply");
         }
         let parent = stored(s, "t").await;
         let replies = |dir: PageDir| {
             let parent = parent.clone();
-            async move {
-                ids(&s
-                    .replies(&parent, None, &Viewer::Server, &page(2, dir))
-                    .await
-                    .expect("replies"))
-            }
+            async move { ids(&s.replies(&parent, None, &Viewer::Server, &page(2, dir)).await.expect("replies")) }
         };
         assert_eq!(replies(PageDir::Latest).await, strings(&["t3", "t4"]));
-        assert_eq!(
-            replies(PageDir::Before {
-                id: at("t3"),
-                inclusive: false
-            })
-            .await,
-            strings(&["t1", "t2"])
-        );
-        assert_eq!(
-            replies(PageDir::After {
-                id: at("t1"),
-                inclusive: true
-            })
-            .await,
-            strings(&["t1", "t2"])
-        );
+        assert_eq!(replies(PageDir::Before { id: at("t3"), inclusive: false }).await, strings(&["t1", "t2"]));
+        assert_eq!(replies(PageDir::After { id: at("t1"), inclusive: true }).await, strings(&["t1", "t2"]));
         assert!(
-            replies(PageDir::After {
-                id: at("m00001"),
-                inclusive: true
-            })
-            .await
-            .is_empty(),
+            replies(PageDir::After { id: at("m00001"), inclusive: true }).await.is_empty(),
             "an anchor outside the thread matches nothing"
         );
     })
@@ -419,36 +179,15 @@ async fn shadowed_messages_are_seen_only_by_their_author_and_the_server() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "shadow", &["amy", "troll"]).await;
-        s.send_message(&ch.cid, &msg("ok", "fine"), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&ch.cid, &msg("ok", "fine"), &user("amy")).await.expect("send");
         s.set_ban("troll", true, true).await.expect("shadow ban");
-        let m = s
-            .send_message(&ch.cid, &msg("sh", "spam"), &user("troll"))
-            .await
-            .expect("send shadowed");
+        let m = s.send_message(&ch.cid, &msg("sh", "spam"), &user("troll")).await.expect("send shadowed");
         assert!(m.shadowed);
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            strings(&["ok", "sh"])
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("troll")).await,
-            strings(&["ok", "sh"])
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("amy")).await,
-            strings(&["ok"])
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Anonymous { id: "anon".into() }).await,
-            strings(&["ok"])
-        );
-        let (m, hidden) = s
-            .get_message("sh", &viewer("amy"))
-            .await
-            .expect("get")
-            .expect("stored");
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, strings(&["ok", "sh"]));
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("troll")).await, strings(&["ok", "sh"]));
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("amy")).await, strings(&["ok"]));
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Anonymous { id: "anon".into() }).await, strings(&["ok"]));
+        let (m, hidden) = s.get_message("sh", &viewer("amy")).await.expect("get").expect("stored");
         assert!(!hidden);
         assert!(is_visible(&m, hidden, None, &Viewer::Server));
         assert!(is_visible(&m, hidden, None, &viewer("troll")));
@@ -458,69 +197,27 @@ async fn shadowed_messages_are_seen_only_by_their_author_and_the_server() {
 }
 
 #[tokio::test]
-async fn restricted_visibility_shows_a_message_only_to_the_listed_users_the_author_and_the_server()
-{
+async fn restricted_visibility_shows_a_message_only_to_the_listed_users_the_author_and_the_server() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "restricted", &["amy", "ben", "cat"]).await;
-        s.send_message(&ch.cid, &msg("all", "for everyone"), &user("amy"))
-            .await
-            .expect("send");
-        let secret = NewMessage {
-            restricted_visibility: strings(&["ben"]),
-            ..msg("rv", "for ben")
-        };
-        let m = s
-            .send_message(&ch.cid, &secret, &user("amy"))
-            .await
-            .expect("send restricted");
+        s.send_message(&ch.cid, &msg("all", "for everyone"), &user("amy")).await.expect("send");
+        let secret = NewMessage { restricted_visibility: strings(&["ben"]), ..msg("rv", "for ben") };
+        let m = s.send_message(&ch.cid, &secret, &user("amy")).await.expect("send restricted");
         assert_eq!(m.restricted_visibility, strings(&["ben"]));
         // A user id that is a prefix or pattern of the listed one must not match.
-        let tricky = NewMessage {
-            restricted_visibility: strings(&["b_n%"]),
-            ..msg("rv2", "for a pattern-like id")
-        };
-        s.send_message(&ch.cid, &tricky, &user("amy"))
-            .await
-            .expect("send restricted");
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            strings(&["all", "rv", "rv2"])
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("amy")).await,
-            strings(&["all", "rv", "rv2"]),
-            "the author sees it"
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("ben")).await,
-            strings(&["all", "rv"]),
-            "a listed user sees it"
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("cat")).await,
-            strings(&["all"])
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("b_n%")).await,
-            strings(&["all", "rv2"])
-        );
+        let tricky = NewMessage { restricted_visibility: strings(&["b_n%"]), ..msg("rv2", "for a pattern-like id") };
+        s.send_message(&ch.cid, &tricky, &user("amy")).await.expect("send restricted");
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, strings(&["all", "rv", "rv2"]));
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("amy")).await, strings(&["all", "rv", "rv2"]), "the author sees it");
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("ben")).await, strings(&["all", "rv"]), "a listed user sees it");
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("cat")).await, strings(&["all"]));
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("b_n%")).await, strings(&["all", "rv2"]));
         assert!(is_visible(&m, false, None, &viewer("ben")));
         assert!(!is_visible(&m, false, None, &viewer("cat")));
-        assert!(
-            !is_visible(&m, true, None, &Viewer::Server),
-            "hidden by a rewind: seen by nobody"
-        );
-        assert!(
-            !is_visible(&m, false, Some(m.created_at), &Viewer::Server),
-            "truncated at its creation: seen by nobody"
-        );
-        assert!(is_visible(
-            &m,
-            false,
-            Some(m.created_at - 1),
-            &viewer("ben")
-        ));
+        assert!(!is_visible(&m, true, None, &Viewer::Server), "hidden by a rewind: seen by nobody");
+        assert!(!is_visible(&m, false, Some(m.created_at), &Viewer::Server), "truncated at its creation: seen by nobody");
+        assert!(is_visible(&m, false, Some(m.created_at - 1), &viewer("ben")));
     })
     .await;
 }
@@ -530,10 +227,7 @@ async fn update_message_applies_the_closure_and_stores_nothing_when_it_fails() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "edit", &[]).await;
-        let original = s
-            .send_message(&ch.cid, &msg("e1", "draft"), &user("amy"))
-            .await
-            .expect("send");
+        let original = s.send_message(&ch.cid, &msg("e1", "draft"), &user("amy")).await.expect("send");
         let edited = s
             .update_message("e1", &user("amy"), |m| {
                 m.text = "final".into();
@@ -544,20 +238,10 @@ async fn update_message_applies_the_closure_and_stores_nothing_when_it_fails() {
             .await
             .expect("edit");
         assert_eq!(edited.text, "final");
-        assert!(
-            edited.message_text_updated_at.is_some(),
-            "a text edit is recorded"
-        );
+        assert!(edited.message_text_updated_at.is_some(), "a text edit is recorded");
         assert!(edited.updated_at >= original.updated_at);
         let again = stored(s, "e1").await;
-        assert_eq!(
-            (
-                again.text.as_str(),
-                again.custom.get("k"),
-                again.attachments.len()
-            ),
-            ("final", Some(&json!(1)), 1)
-        );
+        assert_eq!((again.text.as_str(), again.custom.get("k"), again.attachments.len()), ("final", Some(&json!(1)), 1));
 
         let custom_only = s
             .update_message("e1", &user("amy"), |m| {
@@ -566,10 +250,7 @@ async fn update_message_applies_the_closure_and_stores_nothing_when_it_fails() {
             })
             .await
             .expect("edit custom");
-        assert_eq!(
-            custom_only.message_text_updated_at, again.message_text_updated_at,
-            "no text change, no new text timestamp"
-        );
+        assert_eq!(custom_only.message_text_updated_at, again.message_text_updated_at, "no text change, no new text timestamp");
 
         let failed = s
             .update_message("e1", &user("amy"), |m| {
@@ -578,15 +259,8 @@ async fn update_message_applies_the_closure_and_stores_nothing_when_it_fails() {
             })
             .await;
         assert_kind(failed, ErrorKind::MessageTooLong);
-        assert_eq!(
-            stored(s, "e1").await.text,
-            "final",
-            "a failing closure changes nothing"
-        );
-        assert_kind(
-            s.update_message("nope", &user("amy"), |_| Ok(())).await,
-            ErrorKind::NotFound,
-        );
+        assert_eq!(stored(s, "e1").await.text, "final", "a failing closure changes nothing");
+        assert_kind(s.update_message("nope", &user("amy"), |_| Ok(())).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -596,72 +270,29 @@ async fn a_soft_delete_keeps_the_message_as_deleted_and_a_hard_delete_removes_it
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "del", &[]).await;
-        s.send_message(&ch.cid, &msg("p", "parent"), &user("amy"))
-            .await
-            .expect("send");
-        s.send_message(&ch.cid, &reply("r1", "p", "one"), &user("amy"))
-            .await
-            .expect("reply");
-        s.send_message(&ch.cid, &reply("r2", "p", "two"), &user("amy"))
-            .await
-            .expect("reply");
-        s.add_reaction("r2", &reaction("like", 1), false, &user("ben"))
-            .await
-            .expect("react");
+        s.send_message(&ch.cid, &msg("p", "parent"), &user("amy")).await.expect("send");
+        s.send_message(&ch.cid, &reply("r1", "p", "one"), &user("amy")).await.expect("reply");
+        s.send_message(&ch.cid, &reply("r2", "p", "two"), &user("amy")).await.expect("reply");
+        s.add_reaction("r2", &reaction("like", 1), false, &user("ben")).await.expect("react");
 
-        let soft = s
-            .delete_message("r1", false, Some(&user("amy")))
-            .await
-            .expect("soft delete");
+        let soft = s.delete_message("r1", false, Some(&user("amy"))).await.expect("soft delete");
         assert_eq!(soft.kind, "deleted");
         assert!(soft.deleted_at.is_some());
         let kept = stored(s, "r1").await;
-        assert_eq!(
-            (kept.kind.as_str(), kept.deleted_at),
-            ("deleted", soft.deleted_at)
-        );
+        assert_eq!((kept.kind.as_str(), kept.deleted_at), ("deleted", soft.deleted_at));
         assert_eq!(stored(s, "p").await.deleted_reply_count, 1);
         let seq = s.last_event_seq().await.expect("seq");
-        s.delete_message("r1", false, None)
-            .await
-            .expect("soft delete again");
-        assert_eq!(
-            s.last_event_seq().await.expect("seq"),
-            seq,
-            "deleting a deleted message announces nothing"
-        );
-        assert_eq!(
-            stored(s, "p").await.deleted_reply_count,
-            1,
-            "and counts nothing"
-        );
+        s.delete_message("r1", false, None).await.expect("soft delete again");
+        assert_eq!(s.last_event_seq().await.expect("seq"), seq, "deleting a deleted message announces nothing");
+        assert_eq!(stored(s, "p").await.deleted_reply_count, 1, "and counts nothing");
 
-        let hard = s
-            .delete_message("r2", true, None)
-            .await
-            .expect("hard delete");
+        let hard = s.delete_message("r2", true, None).await.expect("hard delete");
         assert_eq!(hard.id, "r2");
-        assert!(s
-            .get_message("r2", &Viewer::Server)
-            .await
-            .expect("get")
-            .is_none());
-        assert_eq!(
-            stored(s, "p").await.reply_count,
-            1,
-            "a hard-deleted reply no longer counts"
-        );
-        s.send_message(&ch.cid, &msg("r2", "id reused"), &user("amy"))
-            .await
-            .expect("the id is free again");
-        assert!(
-            stored(s, "r2").await.reaction_counts.is_empty(),
-            "its reactions went with it"
-        );
-        assert_kind(
-            s.delete_message("nope", true, None).await,
-            ErrorKind::NotFound,
-        );
+        assert!(s.get_message("r2", &Viewer::Server).await.expect("get").is_none());
+        assert_eq!(stored(s, "p").await.reply_count, 1, "a hard-deleted reply no longer counts");
+        s.send_message(&ch.cid, &msg("r2", "id reused"), &user("amy")).await.expect("the id is free again");
+        assert!(stored(s, "r2").await.reaction_counts.is_empty(), "its reactions went with it");
+        assert_kind(s.delete_message("nope", true, None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -671,74 +302,39 @@ async fn reactions_are_counted_replaced_made_unique_and_removed() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "react", &["amy", "ben"]).await;
-        s.send_message(&ch.cid, &msg("m", "react to me"), &user("amy"))
-            .await
-            .expect("send");
-        s.add_reaction("m", &reaction("like", 1), false, &user("amy"))
-            .await
-            .expect("like");
-        s.add_reaction("m", &reaction("love", 1), false, &user("amy"))
-            .await
-            .expect("love");
-        let (m, r) = s
-            .add_reaction("m", &reaction("like", 3), false, &user("ben"))
-            .await
-            .expect("ben likes");
-        assert_eq!(
-            (r.kind.as_str(), r.user_id.as_str(), r.score),
-            ("like", "ben", 3)
-        );
+        s.send_message(&ch.cid, &msg("m", "react to me"), &user("amy")).await.expect("send");
+        s.add_reaction("m", &reaction("like", 1), false, &user("amy")).await.expect("like");
+        s.add_reaction("m", &reaction("love", 1), false, &user("amy")).await.expect("love");
+        let (m, r) = s.add_reaction("m", &reaction("like", 3), false, &user("ben")).await.expect("ben likes");
+        assert_eq!((r.kind.as_str(), r.user_id.as_str(), r.score), ("like", "ben", 3));
         assert_eq!(m.reaction_counts.get("like"), Some(&json!(2)));
         assert_eq!(m.reaction_counts.get("love"), Some(&json!(1)));
         assert_eq!(m.reaction_scores.get("like"), Some(&json!(4)));
-        let (m, _) = s
-            .get_message("m", &viewer("amy"))
-            .await
-            .expect("get")
-            .expect("exists");
+        let (m, _) = s.get_message("m", &viewer("amy")).await.expect("get").expect("exists");
         let mut own: Vec<String> = m.own_reactions.iter().map(|r| r.kind.clone()).collect();
         own.sort();
         assert_eq!(own, strings(&["like", "love"]));
         assert_eq!(m.latest_reactions.len(), 3);
 
         // The same type again replaces the score.
-        let (m, _) = s
-            .add_reaction("m", &reaction("like", 5), false, &user("ben"))
-            .await
-            .expect("ben likes harder");
+        let (m, _) = s.add_reaction("m", &reaction("like", 5), false, &user("ben")).await.expect("ben likes harder");
         assert_eq!(m.reaction_counts.get("like"), Some(&json!(2)));
         assert_eq!(m.reaction_scores.get("like"), Some(&json!(6)));
 
         // enforce_unique: amy's earlier reactions are replaced by the new one.
-        let (m, r) = s
-            .add_reaction("m", &reaction("wow", 1), true, &user("amy"))
-            .await
-            .expect("unique");
+        let (m, r) = s.add_reaction("m", &reaction("wow", 1), true, &user("amy")).await.expect("unique");
         assert_eq!(r.kind, "wow");
         assert_eq!(m.reaction_counts.get("love"), None);
         assert_eq!(m.reaction_counts.get("like"), Some(&json!(1)));
         assert_eq!(m.reaction_counts.get("wow"), Some(&json!(1)));
 
-        let (m, r) = s
-            .remove_reaction("m", "like", &user("ben"))
-            .await
-            .expect("remove");
+        let (m, r) = s.remove_reaction("m", "like", &user("ben")).await.expect("remove");
         assert_eq!((r.kind.as_str(), r.user_id.as_str()), ("like", "ben"));
         assert_eq!(m.reaction_counts.len(), 1);
         assert_eq!(m.reaction_counts.get("wow"), Some(&json!(1)));
-        assert_kind(
-            s.remove_reaction("m", "like", &user("ben")).await,
-            ErrorKind::NotFound,
-        );
-        assert_kind(
-            s.add_reaction("nope", &reaction("like", 1), false, &user("ben"))
-                .await,
-            ErrorKind::NotFound,
-        );
-        assert_kind(
-            s.remove_reaction("nope", "like", &user("ben")).await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.remove_reaction("m", "like", &user("ben")).await, ErrorKind::NotFound);
+        assert_kind(s.add_reaction("nope", &reaction("like", 1), false, &user("ben")).await, ErrorKind::NotFound);
+        assert_kind(s.remove_reaction("nope", "like", &user("ben")).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -748,25 +344,12 @@ async fn pinned_messages_lists_visible_pins_newest_pin_first() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "pins", &["amy"]).await;
-        let first = s
-            .send_message(
-                &ch.cid,
-                &NewMessage {
-                    pinned: true,
-                    ..msg("p1", "pinned on send")
-                },
-                &user("amy"),
-            )
-            .await
-            .expect("send pinned");
+        let first =
+            s.send_message(&ch.cid, &NewMessage { pinned: true, ..msg("p1", "pinned on send") }, &user("amy")).await.expect("send pinned");
         assert!(first.pinned && first.pinned_at.is_some());
         assert_eq!(first.pinned_by_id.as_deref(), Some("amy"));
-        s.send_message(&ch.cid, &msg("p2", "pinned later"), &user("amy"))
-            .await
-            .expect("send");
-        s.send_message(&ch.cid, &msg("n", "never pinned"), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&ch.cid, &msg("p2", "pinned later"), &user("amy")).await.expect("send");
+        s.send_message(&ch.cid, &msg("n", "never pinned"), &user("amy")).await.expect("send");
         let later = first.pinned_at.expect("pinned_at") + 1_000_000;
         s.update_message("p2", &user("amy"), move |m| {
             m.pinned = true;
@@ -777,29 +360,10 @@ async fn pinned_messages_lists_visible_pins_newest_pin_first() {
         .await
         .expect("pin");
         let ch = s.get_channel(&ch.cid).await.expect("get").expect("exists");
-        assert_eq!(
-            ids(&s
-                .pinned_messages(&ch, &viewer("amy"), 10)
-                .await
-                .expect("pins")),
-            strings(&["p2", "p1"])
-        );
-        assert_eq!(
-            ids(&s
-                .pinned_messages(&ch, &Viewer::Server, 1)
-                .await
-                .expect("pins")),
-            strings(&["p2"])
-        );
+        assert_eq!(ids(&s.pinned_messages(&ch, &viewer("amy"), 10).await.expect("pins")), strings(&["p2", "p1"]));
+        assert_eq!(ids(&s.pinned_messages(&ch, &Viewer::Server, 1).await.expect("pins")), strings(&["p2"]));
         s.delete_message("p2", false, None).await.expect("delete");
-        assert_eq!(
-            ids(&s
-                .pinned_messages(&ch, &Viewer::Server, 10)
-                .await
-                .expect("pins")),
-            strings(&["p1"]),
-            "deleted pins are left out"
-        );
+        assert_eq!(ids(&s.pinned_messages(&ch, &Viewer::Server, 10).await.expect("pins")), strings(&["p1"]), "deleted pins are left out");
     })
     .await;
 }
@@ -810,115 +374,38 @@ async fn query_threads_returns_parents_with_their_latest_replies_in_channels_the
         let s = &ctx.store;
         let a = agent_channel(s, "th-a", &["amy"]).await;
         let b = agent_channel(s, "th-b", &["ben"]).await;
-        s.send_message(&a.cid, &msg_at("pa", "thread a", BASE_TS), &user("amy"))
-            .await
-            .expect("send");
-        s.send_message(
-            &a.cid,
-            &msg_at("lonely", "no replies", BASE_TS + MS),
-            &user("amy"),
-        )
-        .await
-        .expect("send");
+        s.send_message(&a.cid, &msg_at("pa", "thread a", BASE_TS), &user("amy")).await.expect("send");
+        s.send_message(&a.cid, &msg_at("lonely", "no replies", BASE_TS + MS), &user("amy")).await.expect("send");
         for i in 0..3 {
-            s.send_message(
-                &a.cid,
-                &reply_at(&format!("ra{i}"), "pa", "r", BASE_TS + (10 + i) * MS),
-                &user("amy"),
-            )
-            .await
-            .expect("reply");
+            s.send_message(&a.cid, &reply_at(&format!("ra{i}"), "pa", "r", BASE_TS + (10 + i) * MS), &user("amy")).await.expect("reply");
         }
-        s.send_message(
-            &b.cid,
-            &msg_at("pb", "thread b", BASE_TS + 2 * MS),
-            &user("ben"),
-        )
-        .await
-        .expect("send");
-        s.send_message(
-            &b.cid,
-            &reply_at("rb0", "pb", "r", BASE_TS + 20 * MS),
-            &user("ben"),
-        )
-        .await
-        .expect("reply");
+        s.send_message(&b.cid, &msg_at("pb", "thread b", BASE_TS + 2 * MS), &user("ben")).await.expect("send");
+        s.send_message(&b.cid, &reply_at("rb0", "pb", "r", BASE_TS + 20 * MS), &user("ben")).await.expect("reply");
 
         let summary = |threads: Vec<(Message, Vec<Message>, offshoot_core::model::Channel)>| {
-            threads
-                .into_iter()
-                .map(|(p, rs, ch)| (p.id, ids(&rs), ch.cid))
-                .collect::<Vec<_>>()
+            threads.into_iter().map(|(p, rs, ch)| (p.id, ids(&rs), ch.cid)).collect::<Vec<_>>()
         };
-        let all = summary(
-            s.query_threads(&Viewer::Server, None, 10, 2)
-                .await
-                .expect("threads"),
-        );
+        let all = summary(s.query_threads(&Viewer::Server, None, 10, 2).await.expect("threads"));
         assert_eq!(
             all,
             vec![
-                (
-                    "pb".to_string(),
-                    strings(&["rb0"]),
-                    "agent:th-b".to_string()
-                ),
-                (
-                    "pa".to_string(),
-                    strings(&["ra1", "ra2"]),
-                    "agent:th-a".to_string()
-                )
+                ("pb".to_string(), strings(&["rb0"]), "agent:th-b".to_string()),
+                ("pa".to_string(), strings(&["ra1", "ra2"]), "agent:th-a".to_string())
             ],
             "newest parent first, with the latest replies oldest first"
         );
-        let amy = summary(
-            s.query_threads(&viewer("amy"), None, 10, 5)
-                .await
-                .expect("threads"),
-        );
+        let amy = summary(s.query_threads(&viewer("amy"), None, 10, 5).await.expect("threads"));
         assert_eq!(
             amy,
-            vec![(
-                "pa".to_string(),
-                strings(&["ra0", "ra1", "ra2"]),
-                "agent:th-a".to_string()
-            )],
+            vec![("pa".to_string(), strings(&["ra0", "ra1", "ra2"]), "agent:th-a".to_string())],
             "a user sees threads of their channels only"
         );
-        let admin = Viewer::User {
-            id: "root".into(),
-            role: "admin".into(),
-        };
-        assert_eq!(
-            s.query_threads(&admin, None, 10, 1)
-                .await
-                .expect("threads")
-                .len(),
-            2,
-            "an admin sees every channel"
-        );
-        let only_b = summary(
-            s.query_threads(&Viewer::Server, Some(std::slice::from_ref(&b.cid)), 10, 1)
-                .await
-                .expect("threads"),
-        );
-        assert_eq!(
-            only_b.into_iter().map(|t| t.0).collect::<Vec<_>>(),
-            strings(&["pb"])
-        );
-        assert!(s
-            .query_threads(&Viewer::Server, Some(&[]), 10, 1)
-            .await
-            .expect("threads")
-            .is_empty());
-        assert_eq!(
-            s.query_threads(&Viewer::Server, None, 1, 1)
-                .await
-                .expect("threads")
-                .len(),
-            1,
-            "limit applies"
-        );
+        let admin = Viewer::User { id: "root".into(), role: "admin".into() };
+        assert_eq!(s.query_threads(&admin, None, 10, 1).await.expect("threads").len(), 2, "an admin sees every channel");
+        let only_b = summary(s.query_threads(&Viewer::Server, Some(std::slice::from_ref(&b.cid)), 10, 1).await.expect("threads"));
+        assert_eq!(only_b.into_iter().map(|t| t.0).collect::<Vec<_>>(), strings(&["pb"]));
+        assert!(s.query_threads(&Viewer::Server, Some(&[]), 10, 1).await.expect("threads").is_empty());
+        assert_eq!(s.query_threads(&Viewer::Server, None, 1, 1).await.expect("threads").len(), 1, "limit applies");
     })
     .await;
 }
@@ -930,62 +417,24 @@ async fn a_soft_truncate_hides_older_messages_and_adds_the_system_message() {
         let ch = agent_channel(s, "trunc", &["amy"]).await;
         seed(s, &ch.cid, "amy", "m", 4, BASE_TS).await;
         // Truncating at a past instant hides only what is older.
-        let (partial, sys) = s
-            .truncate_channel(
-                &ch.cid,
-                Some(BASE_TS + MS + MS / 2),
-                false,
-                Some(&user("owner")),
-                None,
-            )
-            .await
-            .expect("truncate at a point");
+        let (partial, sys) =
+            s.truncate_channel(&ch.cid, Some(BASE_TS + MS + MS / 2), false, Some(&user("owner")), None).await.expect("truncate at a point");
         assert!(sys.is_none());
         assert_eq!(partial.truncated_at, Some(BASE_TS + MS + MS / 2));
         assert_eq!(partial.truncated_by_id.as_deref(), Some("owner"));
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            strings(&["m00002", "m00003"])
-        );
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, strings(&["m00002", "m00003"]));
 
-        let note = NewMessage {
-            user_id: "owner".into(),
-            ..msg("", "the channel was cleared")
-        };
-        let (ch2, sys) = s
-            .truncate_channel(&ch.cid, None, false, Some(&user("owner")), Some(&note))
-            .await
-            .expect("truncate now");
+        let note = NewMessage { user_id: "owner".into(), ..msg("", "the channel was cleared") };
+        let (ch2, sys) = s.truncate_channel(&ch.cid, None, false, Some(&user("owner")), Some(&note)).await.expect("truncate now");
         let sys = sys.expect("a system message");
         assert_eq!(sys.kind, "system");
         assert_eq!(sys.text, "the channel was cleared");
-        assert!(
-            sys.created_at > ch2.truncated_at.expect("truncated_at"),
-            "the system message is after the truncation"
-        );
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            vec![sys.id.clone()]
-        );
-        assert!(
-            s.get_message("m00000", &Viewer::Server)
-                .await
-                .expect("get")
-                .is_some(),
-            "a soft truncate keeps the rows"
-        );
-        s.send_message(&ch.cid, &msg("after", "new"), &user("amy"))
-            .await
-            .expect("send");
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &viewer("amy")).await,
-            vec![sys.id, "after".to_string()]
-        );
-        assert_kind(
-            s.truncate_channel("agent:none", None, false, None, None)
-                .await,
-            ErrorKind::NotFound,
-        );
+        assert!(sys.created_at > ch2.truncated_at.expect("truncated_at"), "the system message is after the truncation");
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, vec![sys.id.clone()]);
+        assert!(s.get_message("m00000", &Viewer::Server).await.expect("get").is_some(), "a soft truncate keeps the rows");
+        s.send_message(&ch.cid, &msg("after", "new"), &user("amy")).await.expect("send");
+        assert_eq!(ids_seen_by(s, &ch.cid, &viewer("amy")).await, vec![sys.id, "after".to_string()]);
+        assert_kind(s.truncate_channel("agent:none", None, false, None, None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -996,38 +445,14 @@ async fn a_hard_truncate_deletes_older_messages() {
         let s = &ctx.store;
         let ch = agent_channel(s, "htrunc", &[]).await;
         seed(s, &ch.cid, "amy", "h", 3, BASE_TS).await;
-        s.add_reaction("h00000", &reaction("like", 1), false, &user("amy"))
-            .await
-            .expect("react");
-        let (_, sys) = s
-            .truncate_channel(&ch.cid, Some(BASE_TS + MS), true, None, None)
-            .await
-            .expect("hard truncate");
+        s.add_reaction("h00000", &reaction("like", 1), false, &user("amy")).await.expect("react");
+        let (_, sys) = s.truncate_channel(&ch.cid, Some(BASE_TS + MS), true, None, None).await.expect("hard truncate");
         assert!(sys.is_none());
-        assert!(s
-            .get_message("h00000", &Viewer::Server)
-            .await
-            .expect("get")
-            .is_none());
-        assert!(
-            s.get_message("h00001", &Viewer::Server)
-                .await
-                .expect("get")
-                .is_none(),
-            "the boundary itself is included"
-        );
-        assert!(s
-            .get_message("h00002", &Viewer::Server)
-            .await
-            .expect("get")
-            .is_some());
-        assert_eq!(
-            ids_seen_by(s, &ch.cid, &Viewer::Server).await,
-            strings(&["h00002"])
-        );
-        s.send_message(&ch.cid, &msg("h00000", "reused"), &user("amy"))
-            .await
-            .expect("a hard-truncated id is free again");
+        assert!(s.get_message("h00000", &Viewer::Server).await.expect("get").is_none());
+        assert!(s.get_message("h00001", &Viewer::Server).await.expect("get").is_none(), "the boundary itself is included");
+        assert!(s.get_message("h00002", &Viewer::Server).await.expect("get").is_some());
+        assert_eq!(ids_seen_by(s, &ch.cid, &Viewer::Server).await, strings(&["h00002"]));
+        s.send_message(&ch.cid, &msg("h00000", "reused"), &user("amy")).await.expect("a hard-truncated id is free again");
     })
     .await;
 }
@@ -1037,19 +462,8 @@ async fn a_hard_truncate_deletes_older_messages() {
 async fn rewind_fixture(s: &offshoot_store::Store) -> String {
     let ch = agent_channel(s, "rw", &["amy"]).await;
     seed(s, &ch.cid, "amy", "a", 5, BASE_TS).await;
-    for (id, parent, at) in [
-        ("ra1", "a00001", 1.5),
-        ("r2", "a00002", 2.5),
-        ("rlate", "a00001", 3.5),
-        ("r4", "a00004", 4.5),
-    ] {
-        s.send_message(
-            &ch.cid,
-            &reply_at(id, parent, "r", BASE_TS + (at * MS as f64) as i64),
-            &user("amy"),
-        )
-        .await
-        .expect("reply");
+    for (id, parent, at) in [("ra1", "a00001", 1.5), ("r2", "a00002", 2.5), ("rlate", "a00001", 3.5), ("r4", "a00004", 4.5)] {
+        s.send_message(&ch.cid, &reply_at(id, parent, "r", BASE_TS + (at * MS as f64) as i64), &user("amy")).await.expect("reply");
     }
     ch.cid
 }
@@ -1061,83 +475,29 @@ async fn a_rewind_hides_later_messages_and_replies_from_every_read() {
         let cid = rewind_fixture(s).await;
         assert_eq!(stored(s, "a00001").await.reply_count, 2);
         let seq = s.last_event_seq().await.expect("seq");
-        let ch = s
-            .rewind_channel(&cid, "a00002", "a00004", false, Some(&user("owner")))
-            .await
-            .expect("rewind");
+        let ch = s.rewind_channel(&cid, "a00002", "a00004", false, Some(&user("owner"))).await.expect("rewind");
         assert_eq!(ch.cid, cid);
-        assert_eq!(
-            ids_seen_by(s, &cid, &Viewer::Server).await,
-            strings(&["a00000", "a00001", "a00002"])
-        );
-        assert_eq!(
-            ids_seen_by(s, &cid, &viewer("amy")).await,
-            strings(&["a00000", "a00001", "a00002"])
-        );
+        assert_eq!(ids_seen_by(s, &cid, &Viewer::Server).await, strings(&["a00000", "a00001", "a00002"]));
+        assert_eq!(ids_seen_by(s, &cid, &viewer("amy")).await, strings(&["a00000", "a00001", "a00002"]));
         for id in ["a00003", "a00004", "r2", "rlate", "r4"] {
-            let (_, hidden) = s
-                .get_message(id, &Viewer::Server)
-                .await
-                .expect("get")
-                .expect("rows are kept");
+            let (_, hidden) = s.get_message(id, &Viewer::Server).await.expect("get").expect("rows are kept");
             assert!(hidden, "{id} is hidden");
         }
-        assert!(
-            !s.get_message("ra1", &Viewer::Server)
-                .await
-                .expect("get")
-                .expect("kept")
-                .1
-        );
+        assert!(!s.get_message("ra1", &Viewer::Server).await.expect("get").expect("kept").1);
         let a1 = stored(s, "a00001").await;
-        assert_eq!(
-            a1.reply_count, 1,
-            "reply counts only count what is still visible"
-        );
-        assert_eq!(
-            ids(&s
-                .replies(&a1, None, &Viewer::Server, &page(10, PageDir::Latest))
-                .await
-                .expect("replies")),
-            strings(&["ra1"])
-        );
+        assert_eq!(a1.reply_count, 1, "reply counts only count what is still visible");
+        assert_eq!(ids(&s.replies(&a1, None, &Viewer::Server, &page(10, PageDir::Latest)).await.expect("replies")), strings(&["ra1"]));
         assert_eq!(stored(s, "a00002").await.reply_count, 0);
-        assert_eq!(
-            kinds(&events_since(s, seq).await),
-            strings(&["channel.rewound"])
-        );
+        assert_eq!(kinds(&events_since(s, seq).await), strings(&["channel.rewound"]));
 
         // Hidden messages cannot be edited, deleted or reacted to.
-        assert_kind(
-            s.update_message("a00003", &user("amy"), |_| Ok(())).await,
-            ErrorKind::NotFound,
-        );
-        assert_kind(
-            s.delete_message("a00003", false, None).await,
-            ErrorKind::NotFound,
-        );
-        assert_kind(
-            s.add_reaction("a00003", &reaction("like", 1), false, &user("amy"))
-                .await,
-            ErrorKind::NotFound,
-        );
-        assert_kind(
-            s.send_message(
-                &cid,
-                &reply("late", "a00004", "to a hidden parent"),
-                &user("amy"),
-            )
-            .await,
-            ErrorKind::Input,
-        );
+        assert_kind(s.update_message("a00003", &user("amy"), |_| Ok(())).await, ErrorKind::NotFound);
+        assert_kind(s.delete_message("a00003", false, None).await, ErrorKind::NotFound);
+        assert_kind(s.add_reaction("a00003", &reaction("like", 1), false, &user("amy")).await, ErrorKind::NotFound);
+        assert_kind(s.send_message(&cid, &reply("late", "a00004", "to a hidden parent"), &user("amy")).await, ErrorKind::Input);
         // The conversation goes on from the rewind point.
-        s.send_message(&cid, &msg("b", "new branch"), &user("amy"))
-            .await
-            .expect("send after rewind");
-        assert_eq!(
-            ids_seen_by(s, &cid, &Viewer::Server).await,
-            strings(&["a00000", "a00001", "a00002", "b"])
-        );
+        s.send_message(&cid, &msg("b", "new branch"), &user("amy")).await.expect("send after rewind");
+        assert_eq!(ids_seen_by(s, &cid, &Viewer::Server).await, strings(&["a00000", "a00001", "a00002", "b"]));
     })
     .await;
 }
@@ -1147,28 +507,10 @@ async fn an_inclusive_rewind_hides_the_rewind_point_too() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let cid = rewind_fixture(s).await;
-        s.rewind_channel(&cid, "a00001", "a00004", true, None)
-            .await
-            .expect("rewind inclusive");
-        assert_eq!(
-            ids_seen_by(s, &cid, &Viewer::Server).await,
-            strings(&["a00000"])
-        );
-        assert!(
-            s.get_message("a00001", &Viewer::Server)
-                .await
-                .expect("get")
-                .expect("kept")
-                .1
-        );
-        assert!(
-            s.get_message("ra1", &Viewer::Server)
-                .await
-                .expect("get")
-                .expect("kept")
-                .1,
-            "replies of a hidden parent are hidden"
-        );
+        s.rewind_channel(&cid, "a00001", "a00004", true, None).await.expect("rewind inclusive");
+        assert_eq!(ids_seen_by(s, &cid, &Viewer::Server).await, strings(&["a00000"]));
+        assert!(s.get_message("a00001", &Viewer::Server).await.expect("get").expect("kept").1);
+        assert!(s.get_message("ra1", &Viewer::Server).await.expect("get").expect("kept").1, "replies of a hidden parent are hidden");
     })
     .await;
 }
@@ -1178,47 +520,17 @@ async fn a_rewind_with_a_stale_expected_last_message_is_a_rewind_conflict() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let cid = rewind_fixture(s).await;
-        let e = assert_kind(
-            s.rewind_channel(&cid, "a00001", "a00003", false, None)
-                .await,
-            ErrorKind::RewindConflict,
-        );
-        assert_eq!(
-            e.fields.get("reason").map(String::as_str),
-            Some("rewind_conflict")
-        );
-        assert_eq!(
-            ids_seen_by(s, &cid, &Viewer::Server).await.len(),
-            5,
-            "a refused rewind hides nothing"
-        );
-        s.rewind_channel(&cid, "a00003", "a00004", false, None)
-            .await
-            .expect("rewind");
+        let e = assert_kind(s.rewind_channel(&cid, "a00001", "a00003", false, None).await, ErrorKind::RewindConflict);
+        assert_eq!(e.fields.get("reason").map(String::as_str), Some("rewind_conflict"));
+        assert_eq!(ids_seen_by(s, &cid, &Viewer::Server).await.len(), 5, "a refused rewind hides nothing");
+        s.rewind_channel(&cid, "a00003", "a00004", false, None).await.expect("rewind");
         // a00004 is hidden now, so it is no longer the newest visible message.
-        assert_kind(
-            s.rewind_channel(&cid, "a00001", "a00004", false, None)
-                .await,
-            ErrorKind::RewindConflict,
-        );
-        s.rewind_channel(&cid, "a00001", "a00003", false, None)
-            .await
-            .expect("rewind with the current newest");
+        assert_kind(s.rewind_channel(&cid, "a00001", "a00004", false, None).await, ErrorKind::RewindConflict);
+        s.rewind_channel(&cid, "a00001", "a00003", false, None).await.expect("rewind with the current newest");
         // The rewind point must be a visible top-level message of the channel.
-        assert_kind(
-            s.rewind_channel(&cid, "ra1", "a00001", false, None).await,
-            ErrorKind::Input,
-        );
-        assert_kind(
-            s.rewind_channel(&cid, "a00003", "a00001", false, None)
-                .await,
-            ErrorKind::Input,
-        );
-        assert_kind(
-            s.rewind_channel("agent:none", "a00001", "a00001", false, None)
-                .await,
-            ErrorKind::NotFound,
-        );
+        assert_kind(s.rewind_channel(&cid, "ra1", "a00001", false, None).await, ErrorKind::Input);
+        assert_kind(s.rewind_channel(&cid, "a00003", "a00001", false, None).await, ErrorKind::Input);
+        assert_kind(s.rewind_channel("agent:none", "a00001", "a00001", false, None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -1230,38 +542,18 @@ async fn racing_sends_of_one_message_id_store_one_message() {
         let ch = agent_channel(&s, "race", &[]).await;
         let send = |text: &'static str| {
             let (s, cid) = (s.clone(), ch.cid.clone());
-            tokio::spawn(
-                async move { s.send_message(&cid, &msg("same", text), &user("amy")).await },
-            )
+            tokio::spawn(async move { s.send_message(&cid, &msg("same", text), &user("amy")).await })
         };
         let (a, b) = tokio::join!(send("a"), send("b"));
         let results = [a.expect("join"), b.expect("join")];
-        assert_eq!(
-            results.iter().filter(|r| r.is_ok()).count(),
-            1,
-            "one send wins"
-        );
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "one send wins");
         for r in results {
             if let Err(e) = r {
-                assert_eq!(
-                    offshoot_core::Error::from(e).kind,
-                    ErrorKind::Input,
-                    "the loser gets a client error"
-                );
+                assert_eq!(offshoot_core::Error::from(e).kind, ErrorKind::Input, "the loser gets a client error");
             }
         }
-        assert_eq!(
-            ids_seen_by(&s, &ch.cid, &Viewer::Server).await,
-            strings(&["same"])
-        );
-        assert_eq!(
-            s.get_channel(&ch.cid)
-                .await
-                .expect("get")
-                .expect("exists")
-                .message_count,
-            1
-        );
+        assert_eq!(ids_seen_by(&s, &ch.cid, &Viewer::Server).await, strings(&["same"]));
+        assert_eq!(s.get_channel(&ch.cid).await.expect("get").expect("exists").message_count, 1);
     })
     .await;
 }

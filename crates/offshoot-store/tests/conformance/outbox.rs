@@ -1,9 +1,7 @@
 //! The transactional outbox: the events each change writes, reading them in order, consumer
 //! cursors, webhook deliveries and client events.
 
-use crate::support::{
-    agent_channel, events_since, kinds, member, msg, user, watchers_and_hooks, with_store,
-};
+use crate::support::{agent_channel, events_since, kinds, member, msg, user, watchers_and_hooks, with_store};
 use offshoot_core::model::{Audience, Event, Reaction};
 use offshoot_core::time;
 use offshoot_store::Store;
@@ -17,23 +15,12 @@ fn strings(v: &[&str]) -> Vec<String> {
 fn custom_event(kind: &str, n: i64) -> Event {
     let mut extra = Map::new();
     extra.insert("n".into(), json!(n));
-    Event {
-        kind: kind.into(),
-        cid: Some("agent:x".into()),
-        extra,
-        created_at: time::now(),
-        ..Default::default()
-    }
+    Event { kind: kind.into(), cid: Some("agent:x".into()), extra, created_at: time::now(), ..Default::default() }
 }
 
 async fn publish_n(s: &Store, n: i64) {
     for i in 0..n {
-        s.publish(
-            custom_event("custom.ping", i),
-            watchers_and_hooks("agent:x"),
-        )
-        .await
-        .expect("publish");
+        s.publish(custom_event("custom.ping", i), watchers_and_hooks("agent:x")).await.expect("publish");
     }
 }
 
@@ -43,59 +30,26 @@ const HOOK: &str = "http://127.0.0.1:9/hook";
 async fn every_change_writes_its_events_to_the_outbox_in_order() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        assert_eq!(
-            s.last_event_seq().await.expect("seq"),
-            0,
-            "a fresh outbox is empty"
-        );
+        assert_eq!(s.last_event_seq().await.expect("seq"), 0, "a fresh outbox is empty");
         let ch = agent_channel(s, "ob", &["amy"]).await;
         let cid = ch.cid.clone();
-        s.send_message(&cid, &msg("m", "hello"), &user("amy"))
-            .await
-            .expect("send");
+        s.send_message(&cid, &msg("m", "hello"), &user("amy")).await.expect("send");
         s.update_message("m", &user("amy"), |m| {
             m.text = "hello!".into();
             Ok(())
         })
         .await
         .expect("edit");
-        s.add_reaction(
-            "m",
-            &Reaction {
-                kind: "like".into(),
-                score: 1,
-                ..Default::default()
-            },
-            false,
-            &user("amy"),
-        )
-        .await
-        .expect("react");
-        s.remove_reaction("m", "like", &user("amy"))
-            .await
-            .expect("unreact");
-        s.delete_message("m", false, Some(&user("amy")))
-            .await
-            .expect("delete message");
-        s.update_channel(&cid, Some(&Map::new()), None, None, None)
-            .await
-            .expect("update channel");
-        s.partial_update_channel(&cid, &Map::new(), &[], None)
-            .await
-            .expect("partial update channel");
-        s.truncate_channel(&cid, None, false, None, None)
-            .await
-            .expect("truncate");
+        s.add_reaction("m", &Reaction { kind: "like".into(), score: 1, ..Default::default() }, false, &user("amy")).await.expect("react");
+        s.remove_reaction("m", "like", &user("amy")).await.expect("unreact");
+        s.delete_message("m", false, Some(&user("amy"))).await.expect("delete message");
+        s.update_channel(&cid, Some(&Map::new()), None, None, None).await.expect("update channel");
+        s.partial_update_channel(&cid, &Map::new(), &[], None).await.expect("partial update channel");
+        s.truncate_channel(&cid, None, false, None, None).await.expect("truncate");
         s.mark_read(&cid, &user("amy"), None).await.expect("read");
-        s.add_members(&cid, &[member("ben")], None)
-            .await
-            .expect("add member");
-        s.remove_members(&cid, &strings(&["amy"]), None)
-            .await
-            .expect("remove member");
-        s.delete_channel(&cid, false, None)
-            .await
-            .expect("delete channel");
+        s.add_members(&cid, &[member("ben")], None).await.expect("add member");
+        s.remove_members(&cid, &strings(&["amy"]), None).await.expect("remove member");
+        s.delete_channel(&cid, false, None).await.expect("delete channel");
 
         let events = events_since(s, 0).await;
         assert_eq!(
@@ -120,76 +74,25 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
                 "channel.deleted",
             ])
         );
-        assert!(
-            events.windows(2).all(|w| w[0].seq < w[1].seq),
-            "seq ascends"
-        );
-        assert_eq!(
-            s.last_event_seq().await.expect("seq"),
-            events.last().expect("events").seq
-        );
-        assert!(
-            events
-                .iter()
-                .all(|e| e.event.cid.as_deref() == Some(cid.as_str())),
-            "every event names its channel"
-        );
+        assert!(events.windows(2).all(|w| w[0].seq < w[1].seq), "seq ascends");
+        assert_eq!(s.last_event_seq().await.expect("seq"), events.last().expect("events").seq);
+        assert!(events.iter().all(|e| e.event.cid.as_deref() == Some(cid.as_str())), "every event names its channel");
         for e in &events {
             if e.event.kind.starts_with("notification.") {
-                let to = e
-                    .event
-                    .member
-                    .as_ref()
-                    .expect("a notification carries the member")
-                    .user_id
-                    .clone();
-                assert_eq!(
-                    e.audience,
-                    Audience {
-                        watchers_of: None,
-                        users: vec![to],
-                        webhooks: false
-                    },
-                    "{}",
-                    e.event.kind
-                );
+                let to = e.event.member.as_ref().expect("a notification carries the member").user_id.clone();
+                assert_eq!(e.audience, Audience { watchers_of: None, users: vec![to], webhooks: false }, "{}", e.event.kind);
             } else {
                 assert_eq!(e.audience, watchers_and_hooks(&cid), "{}", e.event.kind);
             }
         }
-        let by_kind = |k: &str| {
-            events
-                .iter()
-                .find(|e| e.event.kind == k)
-                .expect("event present")
-                .event
-                .clone()
-        };
-        assert_eq!(
-            by_kind("channel.created").channel.map(|c| c.cid),
-            Some(cid.clone())
-        );
-        assert_eq!(
-            by_kind("member.added").member.map(|m| m.user_id),
-            Some("amy".to_string())
-        );
-        assert_eq!(
-            by_kind("message.new").message.map(|m| m.text),
-            Some("hello".to_string())
-        );
-        assert_eq!(
-            by_kind("message.updated").message.map(|m| m.text),
-            Some("hello!".to_string())
-        );
-        assert_eq!(
-            by_kind("reaction.new").reaction.map(|r| r.kind),
-            Some("like".to_string())
-        );
+        let by_kind = |k: &str| events.iter().find(|e| e.event.kind == k).expect("event present").event.clone();
+        assert_eq!(by_kind("channel.created").channel.map(|c| c.cid), Some(cid.clone()));
+        assert_eq!(by_kind("member.added").member.map(|m| m.user_id), Some("amy".to_string()));
+        assert_eq!(by_kind("message.new").message.map(|m| m.text), Some("hello".to_string()));
+        assert_eq!(by_kind("message.updated").message.map(|m| m.text), Some("hello!".to_string()));
+        assert_eq!(by_kind("reaction.new").reaction.map(|r| r.kind), Some("like".to_string()));
         let unreacted = by_kind("reaction.deleted");
-        assert_eq!(
-            unreacted.reaction.map(|r| (r.kind, r.user_id, r.score)),
-            Some(("like".to_string(), "amy".to_string(), 1))
-        );
+        assert_eq!(unreacted.reaction.map(|r| (r.kind, r.user_id, r.score)), Some(("like".to_string(), "amy".to_string(), 1)));
         assert_eq!(
             by_kind("reaction.new").message.map(|m| m.reaction_counts),
             Some(json!({"like": 1}).as_object().cloned().expect("object"))
@@ -200,22 +103,10 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
             "reaction.deleted carries the message without the reaction"
         );
         let deleted = by_kind("message.deleted");
-        assert_eq!(
-            (deleted.hard_delete, deleted.message.map(|m| m.kind)),
-            (Some(false), Some("deleted".to_string()))
-        );
-        assert!(by_kind("channel.truncated")
-            .channel
-            .and_then(|c| c.truncated_at)
-            .is_some());
-        assert_eq!(
-            by_kind("member.removed").member.map(|m| m.user_id),
-            Some("amy".to_string())
-        );
-        assert!(by_kind("channel.deleted")
-            .channel
-            .and_then(|c| c.deleted_at)
-            .is_some());
+        assert_eq!((deleted.hard_delete, deleted.message.map(|m| m.kind)), (Some(false), Some("deleted".to_string())));
+        assert!(by_kind("channel.truncated").channel.and_then(|c| c.truncated_at).is_some());
+        assert_eq!(by_kind("member.removed").member.map(|m| m.user_id), Some("amy".to_string()));
+        assert!(by_kind("channel.deleted").channel.and_then(|c| c.deleted_at).is_some());
     })
     .await;
 }
@@ -227,26 +118,11 @@ async fn events_after_reads_from_a_seq_in_order_with_a_limit() {
         assert!(s.events_after(0, 10).await.expect("events").is_empty());
         publish_n(s, 5).await;
         let first = s.events_after(0, 2).await.expect("events");
-        assert_eq!(
-            first
-                .iter()
-                .map(|e| e.event.extra["n"].clone())
-                .collect::<Vec<_>>(),
-            vec![json!(0), json!(1)]
-        );
+        assert_eq!(first.iter().map(|e| e.event.extra["n"].clone()).collect::<Vec<_>>(), vec![json!(0), json!(1)]);
         let rest = s.events_after(first[1].seq, 10).await.expect("events");
-        assert_eq!(
-            rest.iter()
-                .map(|e| e.event.extra["n"].clone())
-                .collect::<Vec<_>>(),
-            vec![json!(2), json!(3), json!(4)]
-        );
+        assert_eq!(rest.iter().map(|e| e.event.extra["n"].clone()).collect::<Vec<_>>(), vec![json!(2), json!(3), json!(4)]);
         assert_eq!(s.last_event_seq().await.expect("seq"), rest[2].seq);
-        assert!(s
-            .events_after(rest[2].seq, 10)
-            .await
-            .expect("events")
-            .is_empty());
+        assert!(s.events_after(rest[2].seq, 10).await.expect("events").is_empty());
     })
     .await;
 }
@@ -260,17 +136,9 @@ async fn publish_stores_a_client_event_as_given_and_wakes_waiters() {
         tokio::pin!(woken);
         woken.as_mut().enable();
         let event = custom_event("ai_indicator.update", 7);
-        let audience = Audience {
-            watchers_of: None,
-            users: strings(&["amy", "ben"]),
-            webhooks: false,
-        };
-        s.publish(event.clone(), audience.clone())
-            .await
-            .expect("publish");
-        tokio::time::timeout(Duration::from_secs(5), woken)
-            .await
-            .expect("a commit with events wakes the waiters");
+        let audience = Audience { watchers_of: None, users: strings(&["amy", "ben"]), webhooks: false };
+        s.publish(event.clone(), audience.clone()).await.expect("publish");
+        tokio::time::timeout(Duration::from_secs(5), woken).await.expect("a commit with events wakes the waiters");
         let stored = s.events_after(0, 10).await.expect("events");
         assert_eq!(stored.len(), 1);
         assert_eq!(stored[0].event, event, "the event round-trips");
@@ -285,33 +153,15 @@ async fn a_cursor_starts_at_the_end_of_the_outbox_and_only_moves_forward() {
         let s = &ctx.store;
         publish_n(s, 2).await;
         let start = s.outbox_cursor("hooks").await.expect("cursor");
-        assert_eq!(
-            start,
-            s.last_event_seq().await.expect("seq"),
-            "a new cursor starts at the end"
-        );
+        assert_eq!(start, s.last_event_seq().await.expect("seq"), "a new cursor starts at the end");
         publish_n(s, 2).await;
-        assert_eq!(
-            s.outbox_cursor("hooks").await.expect("cursor"),
-            start,
-            "an existing cursor stays where it is"
-        );
+        assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), start, "an existing cursor stays where it is");
         let end = s.last_event_seq().await.expect("seq");
         s.advance_cursor("hooks", end, &[]).await.expect("advance");
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), end);
-        s.advance_cursor("hooks", start, &[])
-            .await
-            .expect("advance backwards");
-        assert_eq!(
-            s.outbox_cursor("hooks").await.expect("cursor"),
-            end,
-            "a cursor never moves back"
-        );
-        assert_eq!(
-            s.outbox_cursor("other").await.expect("cursor"),
-            end,
-            "each consumer has its own cursor"
-        );
+        s.advance_cursor("hooks", start, &[]).await.expect("advance backwards");
+        assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), end, "a cursor never moves back");
+        assert_eq!(s.outbox_cursor("other").await.expect("cursor"), end, "each consumer has its own cursor");
     })
     .await;
 }
@@ -323,36 +173,18 @@ async fn advanced_deliveries_come_due_in_seq_order_and_are_retried_or_finished()
         let start = s.outbox_cursor("hooks").await.expect("cursor");
         publish_n(s, 3).await;
         let events = s.events_after(start, 10).await.expect("events");
-        let deliveries: Vec<(i64, String)> = vec![
-            (events[2].seq, HOOK.into()),
-            (events[0].seq, HOOK.into()),
-            (events[1].seq, "http://127.0.0.1:9/other".into()),
-        ];
-        s.advance_cursor("hooks", events[2].seq, &deliveries)
-            .await
-            .expect("advance with deliveries");
+        let deliveries: Vec<(i64, String)> =
+            vec![(events[2].seq, HOOK.into()), (events[0].seq, HOOK.into()), (events[1].seq, "http://127.0.0.1:9/other".into())];
+        s.advance_cursor("hooks", events[2].seq, &deliveries).await.expect("advance with deliveries");
         let due = s.due_deliveries(10).await.expect("due");
-        assert_eq!(
-            due.iter().map(|d| d.1.seq).collect::<Vec<_>>(),
-            events.iter().map(|e| e.seq).collect::<Vec<_>>(),
-            "oldest event first"
-        );
+        assert_eq!(due.iter().map(|d| d.1.seq).collect::<Vec<_>>(), events.iter().map(|e| e.seq).collect::<Vec<_>>(), "oldest event first");
         assert!(due.iter().all(|d| d.3 == 0), "no attempts yet");
         assert_eq!(due[1].2, "http://127.0.0.1:9/other");
-        assert_eq!(
-            due[0].1.event, events[0].event,
-            "a delivery carries its event"
-        );
-        assert_eq!(
-            s.due_deliveries(1).await.expect("due").len(),
-            1,
-            "limit applies"
-        );
+        assert_eq!(due[0].1.event, events[0].event, "a delivery carries its event");
+        assert_eq!(s.due_deliveries(1).await.expect("due").len(), 1, "limit applies");
 
         let hour = 3_600 * 1_000_000_000;
-        s.finish_delivery(&due[0].0, Some(time::now() + hour))
-            .await
-            .expect("retry later");
+        s.finish_delivery(&due[0].0, Some(time::now() + hour)).await.expect("retry later");
         s.finish_delivery(&due[1].0, None).await.expect("done");
         let due_now = s.due_deliveries(10).await.expect("due");
         assert_eq!(
@@ -360,16 +192,10 @@ async fn advanced_deliveries_come_due_in_seq_order_and_are_retried_or_finished()
             vec![due[2].0.clone()],
             "a retry waits, a finished delivery is gone"
         );
-        s.finish_delivery(&due[0].0, Some(time::now() - 1))
-            .await
-            .expect("retry now");
+        s.finish_delivery(&due[0].0, Some(time::now() - 1)).await.expect("retry now");
         let due_now = s.due_deliveries(10).await.expect("due");
         assert_eq!(due_now.len(), 2);
-        assert_eq!(
-            (due_now[0].0.clone(), due_now[0].3),
-            (due[0].0.clone(), 2),
-            "each retry counts an attempt"
-        );
+        assert_eq!((due_now[0].0.clone(), due_now[0].3), (due[0].0.clone(), 2), "each retry counts an attempt");
     })
     .await;
 }
@@ -381,34 +207,17 @@ async fn advance_cursor_from_only_moves_a_cursor_that_is_still_where_the_caller_
         let from = s.outbox_cursor("hooks").await.expect("cursor");
         publish_n(s, 2).await;
         let to = s.last_event_seq().await.expect("seq");
-        assert!(
-            !s.advance_cursor_from("hooks", from + 1, to, &[(to, HOOK.into())])
-                .await
-                .expect("stale cas"),
-            "a stale `from` loses"
-        );
+        assert!(!s.advance_cursor_from("hooks", from + 1, to, &[(to, HOOK.into())]).await.expect("stale cas"), "a stale `from` loses");
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), from);
-        assert!(
-            s.due_deliveries(10).await.expect("due").is_empty(),
-            "the loser queues nothing"
-        );
-        assert!(s
-            .advance_cursor_from("hooks", from, to, &[(to, HOOK.into())])
-            .await
-            .expect("cas"));
+        assert!(s.due_deliveries(10).await.expect("due").is_empty(), "the loser queues nothing");
+        assert!(s.advance_cursor_from("hooks", from, to, &[(to, HOOK.into())]).await.expect("cas"));
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), to);
         assert_eq!(s.due_deliveries(10).await.expect("due").len(), 1);
         assert!(
-            !s.advance_cursor_from("hooks", from, to, &[(to, HOOK.into())])
-                .await
-                .expect("second cas"),
+            !s.advance_cursor_from("hooks", from, to, &[(to, HOOK.into())]).await.expect("second cas"),
             "the same move cannot happen twice"
         );
-        assert_eq!(
-            s.due_deliveries(10).await.expect("due").len(),
-            1,
-            "so nothing is queued twice"
-        );
+        assert_eq!(s.due_deliveries(10).await.expect("due").len(), 1, "so nothing is queued twice");
     })
     .await;
 }
@@ -420,39 +229,18 @@ async fn a_claimed_delivery_is_leased_to_one_worker_until_it_is_finished() {
         let from = s.outbox_cursor("hooks").await.expect("cursor");
         publish_n(s, 1).await;
         let seq = s.last_event_seq().await.expect("seq");
-        s.advance_cursor("hooks", seq, &[(seq, HOOK.into())])
-            .await
-            .expect("advance");
+        s.advance_cursor("hooks", seq, &[(seq, HOOK.into())]).await.expect("advance");
         assert!(seq > from);
         let (id, _, _, attempts) = s.due_deliveries(10).await.expect("due").remove(0);
         let lease = time::now() + 60 * 1_000_000_000;
         assert!(s.claim_delivery(&id, attempts, lease).await.expect("claim"));
-        assert!(
-            !s.claim_delivery(&id, attempts, lease)
-                .await
-                .expect("claim again"),
-            "a leased delivery cannot be claimed twice"
-        );
-        assert!(
-            s.due_deliveries(10).await.expect("due").is_empty(),
-            "a leased delivery is not due"
-        );
-        s.finish_delivery(&id, Some(time::now() - 1))
-            .await
-            .expect("failed attempt, retry now");
-        assert!(!s
-            .claim_delivery(&id, attempts, lease)
-            .await
-            .expect("claim with a stale attempt count"));
-        assert!(s
-            .claim_delivery(&id, attempts + 1, lease)
-            .await
-            .expect("claim the retry"));
+        assert!(!s.claim_delivery(&id, attempts, lease).await.expect("claim again"), "a leased delivery cannot be claimed twice");
+        assert!(s.due_deliveries(10).await.expect("due").is_empty(), "a leased delivery is not due");
+        s.finish_delivery(&id, Some(time::now() - 1)).await.expect("failed attempt, retry now");
+        assert!(!s.claim_delivery(&id, attempts, lease).await.expect("claim with a stale attempt count"));
+        assert!(s.claim_delivery(&id, attempts + 1, lease).await.expect("claim the retry"));
         s.finish_delivery(&id, None).await.expect("done");
-        assert!(!s
-            .claim_delivery(&id, attempts + 1, lease)
-            .await
-            .expect("claim a finished delivery"));
+        assert!(!s.claim_delivery(&id, attempts + 1, lease).await.expect("claim a finished delivery"));
     })
     .await;
 }
@@ -471,14 +259,9 @@ async fn a_fork_that_starts_backfilling_wakes_fork_notify() {
             ..Default::default()
         };
         let out = s.create_fork(&req).await.expect("fork");
-        assert_eq!(
-            out.fork.status,
-            offshoot_core::model::ForkStatus::Backfilling
-        );
+        assert_eq!(out.fork.status, offshoot_core::model::ForkStatus::Backfilling);
         // notify_one keeps a permit for the next waiter, so waiting after the commit works.
-        tokio::time::timeout(Duration::from_secs(5), forks.notified())
-            .await
-            .expect("a backfilling fork wakes the worker");
+        tokio::time::timeout(Duration::from_secs(5), forks.notified()).await.expect("a backfilling fork wakes the worker");
     })
     .await;
 }
@@ -486,12 +269,9 @@ async fn a_fork_that_starts_backfilling_wakes_fork_notify() {
 #[tokio::test]
 async fn relay_notifications_returns_at_shutdown() {
     with_store(|ctx| async move {
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            ctx.store.relay_notifications(std::future::ready(())),
-        )
-        .await
-        .expect("relay_notifications stops when shutdown resolves");
+        tokio::time::timeout(Duration::from_secs(10), ctx.store.relay_notifications(std::future::ready(())))
+            .await
+            .expect("relay_notifications stops when shutdown resolves");
     })
     .await;
 }
@@ -501,9 +281,7 @@ async fn relay_notifications_returns_at_shutdown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hears_them() {
     with_store(|ctx| async move {
-        let other = Store::connect(&ctx.url)
-            .await
-            .expect("a second store, as another process");
+        let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
         if ctx.store.backend() == offshoot_store::Backend::Postgres {
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let relay = tokio::spawn({
@@ -525,46 +303,17 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
                 let woken = events.notified();
                 tokio::pin!(woken);
                 woken.as_mut().enable();
-                ctx.store
-                    .publish(
-                        custom_event("custom.ping", 0),
-                        watchers_and_hooks("agent:x"),
-                    )
-                    .await
-                    .expect("publish");
-                heard = tokio::time::timeout(Duration::from_millis(300), woken)
-                    .await
-                    .is_ok();
+                ctx.store.publish(custom_event("custom.ping", 0), watchers_and_hooks("agent:x")).await.expect("publish");
+                heard = tokio::time::timeout(Duration::from_millis(300), woken).await.is_ok();
             }
-            assert!(
-                heard,
-                "the other store was not woken by a commit of this one"
-            );
+            assert!(heard, "the other store was not woken by a commit of this one");
             let _ = stop.send(());
-            tokio::time::timeout(Duration::from_secs(10), relay)
-                .await
-                .expect("the relay stops at shutdown")
-                .expect("relay task");
+            tokio::time::timeout(Duration::from_secs(10), relay).await.expect("the relay stops at shutdown").expect("relay task");
         }
-        ctx.store
-            .publish(
-                custom_event("custom.last", 1),
-                watchers_and_hooks("agent:x"),
-            )
-            .await
-            .expect("publish");
-        let seen = other
-            .events_after(0, 1_000)
-            .await
-            .expect("events of the other store");
-        assert_eq!(
-            seen,
-            ctx.store.events_after(0, 1_000).await.expect("events")
-        );
-        assert_eq!(
-            seen.last().map(|e| e.event.kind.as_str()),
-            Some("custom.last")
-        );
+        ctx.store.publish(custom_event("custom.last", 1), watchers_and_hooks("agent:x")).await.expect("publish");
+        let seen = other.events_after(0, 1_000).await.expect("events of the other store");
+        assert_eq!(seen, ctx.store.events_after(0, 1_000).await.expect("events"));
+        assert_eq!(seen.last().map(|e| e.event.kind.as_str()), Some("custom.last"));
         other.close().await;
     })
     .await;

@@ -29,8 +29,7 @@ pub fn test_backend() -> TestBackend {
 }
 
 fn pg_admin_url() -> String {
-    std::env::var("OFFSHOOT_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    std::env::var("OFFSHOOT_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// `url` with its database name replaced by `db` (query parameters kept).
@@ -67,10 +66,7 @@ impl TestDb {
         match test_backend() {
             TestBackend::Sqlite => {
                 let path = PathBuf::from(format!("/tmp/offshoot-store-{id}.db"));
-                TestDb {
-                    url: format!("sqlite://{}?mode=rwc", path.display()),
-                    cleanup: Cleanup::Sqlite(path),
-                }
+                TestDb { url: format!("sqlite://{}?mode=rwc", path.display()), cleanup: Cleanup::Sqlite(path) }
             }
             TestBackend::Postgres => {
                 let admin_url = pg_admin_url();
@@ -78,23 +74,15 @@ impl TestDb {
                 let mut conn = sqlx::PgConnection::connect(&admin_url)
                     .await
                     .unwrap_or_else(|e| panic!("cannot connect to PostgreSQL at {admin_url} (OFFSHOOT_TEST_PG_URL): {e}"));
-                sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create the test database");
+                sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.expect("create the test database");
                 // A throw-away database needs no durability: commits need not wait for the WAL
                 // flush. Nothing a test can observe changes, only the time the suite takes.
-                sqlx::raw_sql(AssertSqlSafe(format!(
-                    "ALTER DATABASE {name} SET synchronous_commit = off"
-                )))
-                .execute(&mut conn)
-                .await
-                .expect("configure the test database");
+                sqlx::raw_sql(AssertSqlSafe(format!("ALTER DATABASE {name} SET synchronous_commit = off")))
+                    .execute(&mut conn)
+                    .await
+                    .expect("configure the test database");
                 conn.close().await.ok();
-                TestDb {
-                    url: with_database(&admin_url, &name),
-                    cleanup: Cleanup::Postgres { admin_url, name },
-                }
+                TestDb { url: with_database(&admin_url, &name), cleanup: Cleanup::Postgres { admin_url, name } }
             }
         }
     }
@@ -110,11 +98,7 @@ impl TestDb {
             }
             Cleanup::Postgres { admin_url, name } => {
                 if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url).await {
-                    let _ = sqlx::raw_sql(AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .execute(&mut conn)
-                    .await;
+                    let _ = sqlx::raw_sql(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).execute(&mut conn).await;
                     let _ = conn.close().await;
                 }
             }
@@ -137,14 +121,8 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let db = TestDb::new().await;
-    let store = Store::connect(&db.url)
-        .await
-        .expect("connect and migrate a fresh database");
-    let outcome = tokio::spawn(body(Ctx {
-        store: store.clone(),
-        url: db.url.clone(),
-    }))
-    .await;
+    let store = Store::connect(&db.url).await.expect("connect and migrate a fresh database");
+    let outcome = tokio::spawn(body(Ctx { store: store.clone(), url: db.url.clone() })).await;
     store.close().await;
     db.remove().await;
     if let Err(e) = outcome {
@@ -162,68 +140,38 @@ pub fn user(id: &str) -> User {
 }
 
 pub fn viewer(id: &str) -> Viewer {
-    Viewer::User {
-        id: id.to_string(),
-        role: "user".into(),
-    }
+    Viewer::User { id: id.to_string(), role: "user".into() }
 }
 
 pub fn user_input(id: &str) -> UserInput {
-    UserInput {
-        id: id.to_string(),
-        name: Some(format!("{id} name")),
-        ..Default::default()
-    }
+    UserInput { id: id.to_string(), name: Some(format!("{id} name")), ..Default::default() }
 }
 
 pub fn member(id: &str) -> MemberInput {
-    MemberInput {
-        user_id: id.to_string(),
-        ..Default::default()
-    }
+    MemberInput { user_id: id.to_string(), ..Default::default() }
 }
 
 /// A regular top-level message with a client-chosen id.
 pub fn msg(id: &str, text: &str) -> NewMessage {
-    NewMessage {
-        id: id.to_string(),
-        kind: "regular".into(),
-        text: text.to_string(),
-        ..Default::default()
-    }
+    NewMessage { id: id.to_string(), kind: "regular".into(), text: text.to_string(), ..Default::default() }
 }
 
 /// A regular top-level message stamped at `created_at` (server-side import).
 pub fn msg_at(id: &str, text: &str, created_at: i64) -> NewMessage {
-    NewMessage {
-        created_at: Some(created_at),
-        ..msg(id, text)
-    }
+    NewMessage { created_at: Some(created_at), ..msg(id, text) }
 }
 
 /// A reply in the thread of `parent`.
 pub fn reply(id: &str, parent: &str, text: &str) -> NewMessage {
-    NewMessage {
-        parent_id: Some(parent.to_string()),
-        ..msg(id, text)
-    }
+    NewMessage { parent_id: Some(parent.to_string()), ..msg(id, text) }
 }
 
 pub fn reply_at(id: &str, parent: &str, text: &str, created_at: i64) -> NewMessage {
-    NewMessage {
-        created_at: Some(created_at),
-        ..reply(id, parent, text)
-    }
+    NewMessage { created_at: Some(created_at), ..reply(id, parent, text) }
 }
 
 /// Upserts `members` (and the creator) and creates `type:id` with them.
-pub async fn channel_of(
-    store: &Store,
-    kind: &str,
-    id: &str,
-    creator: &str,
-    members: &[&str],
-) -> Channel {
+pub async fn channel_of(store: &Store, kind: &str, id: &str, creator: &str, members: &[&str]) -> Channel {
     let mut inputs: Vec<UserInput> = members.iter().map(|m| user_input(m)).collect();
     if !members.contains(&creator) {
         inputs.push(user_input(creator));
@@ -246,26 +194,12 @@ pub async fn agent_channel(store: &Store, id: &str, members: &[&str]) -> Channel
 }
 
 /// Sends `n` top-level messages `{prefix}{i:05}` by `author`, 1 ms apart from `start`.
-pub async fn seed(
-    store: &Store,
-    cid: &str,
-    author: &str,
-    prefix: &str,
-    n: usize,
-    start: i64,
-) -> Vec<String> {
+pub async fn seed(store: &Store, cid: &str, author: &str, prefix: &str, n: usize, start: i64) -> Vec<String> {
     let author = user(author);
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
         let id = format!("{prefix}{i:05}");
-        store
-            .send_message(
-                cid,
-                &msg_at(&id, &format!("message {i}"), start + i as i64 * MS),
-                &author,
-            )
-            .await
-            .expect("send seeded message");
+        store.send_message(cid, &msg_at(&id, &format!("message {i}"), start + i as i64 * MS), &author).await.expect("send seeded message");
         ids.push(id);
     }
     ids
@@ -273,22 +207,9 @@ pub async fn seed(
 
 /// The channel's main list as the server sees it (up to 300), ids oldest first.
 pub async fn ids_seen_by(store: &Store, cid: &str, viewer: &Viewer) -> Vec<String> {
-    let ch = store
-        .get_channel(cid)
-        .await
-        .expect("get channel")
-        .expect("channel exists");
-    let page = offshoot_store::Page {
-        limit: 300,
-        dir: offshoot_store::PageDir::Latest,
-    };
-    store
-        .channel_messages(&ch, viewer, &page)
-        .await
-        .expect("channel messages")
-        .into_iter()
-        .map(|m| m.id)
-        .collect()
+    let ch = store.get_channel(cid).await.expect("get channel").expect("channel exists");
+    let page = offshoot_store::Page { limit: 300, dir: offshoot_store::PageDir::Latest };
+    store.channel_messages(&ch, viewer, &page).await.expect("channel messages").into_iter().map(|m| m.id).collect()
 }
 
 /// The domain error of a failed store call (panics on success or on a database error).
@@ -322,22 +243,12 @@ pub fn kinds(events: &[OutboxEvent]) -> Vec<String> {
 }
 
 pub fn watchers_and_hooks(cid: &str) -> Audience {
-    Audience {
-        watchers_of: Some(cid.to_string()),
-        users: Vec::new(),
-        webhooks: true,
-    }
+    Audience { watchers_of: Some(cid.to_string()), users: Vec::new(), webhooks: true }
 }
 
 #[test]
 fn with_database_replaces_only_the_database_name() {
-    assert_eq!(
-        with_database("postgres://u@h:5432/postgres", "x"),
-        "postgres://u@h:5432/x"
-    );
-    assert_eq!(
-        with_database("postgres://u@h:5432/ci_db?sslmode=disable", "x"),
-        "postgres://u@h:5432/x?sslmode=disable"
-    );
+    assert_eq!(with_database("postgres://u@h:5432/postgres", "x"), "postgres://u@h:5432/x");
+    assert_eq!(with_database("postgres://u@h:5432/ci_db?sslmode=disable", "x"), "postgres://u@h:5432/x?sslmode=disable");
     assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
 }
