@@ -72,8 +72,7 @@ fn parse_args() -> Result<Args> {
         forks: 40,
         reps: 3,
         lookups: 50,
-        pg_url: std::env::var("OFFSHOOT_BENCH_PG_URL")
-            .unwrap_or_else(|_| DEFAULT_PG_URL.to_string()),
+        pg_url: std::env::var("OFFSHOOT_BENCH_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string()),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -102,14 +101,8 @@ fn parse_args() -> Result<Args> {
         }
     }
     ensure!(args.forks >= 30, "--forks must be at least 30");
-    ensure!(
-        args.forks + 5 <= 100,
-        "--forks must leave room under the limit of 100 forks per source"
-    );
-    ensure!(
-        args.reps >= 1 && args.lookups >= 1,
-        "--reps and --lookups must be positive"
-    );
+    ensure!(args.forks + 5 <= 100, "--forks must leave room under the limit of 100 forks per source");
+    ensure!(args.reps >= 1 && args.lookups >= 1, "--reps and --lookups must be positive");
     Ok(args)
 }
 
@@ -133,10 +126,8 @@ impl Db {
     async fn create(backend: Backend, label: &str, pg_url: &str) -> Result<Db> {
         match backend {
             Backend::Sqlite => {
-                let dir =
-                    std::env::temp_dir().join(format!("offshoot-bench-{}", std::process::id()));
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
+                let dir = std::env::temp_dir().join(format!("offshoot-bench-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
                 let path = dir.join(format!("{label}.db"));
                 for suffix in ["", "-wal", "-shm"] {
                     let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -146,17 +137,10 @@ impl Db {
             Backend::Postgres => {
                 let name = format!("offshoot_bench_{}_{label}", std::process::id());
                 let admin = connect(pg_url, 1).await?;
-                admin
-                    .execute(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
-                    .await?;
-                admin
-                    .execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .await?;
+                admin.execute(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).await?;
+                admin.execute(AssertSqlSafe(format!("CREATE DATABASE {name}"))).await?;
                 admin.close().await;
-                Ok(Db::Postgres {
-                    admin_url: pg_url.to_string(),
-                    name,
-                })
+                Ok(Db::Postgres { admin_url: pg_url.to_string(), name })
             }
         }
     }
@@ -173,11 +157,7 @@ impl Db {
             }
             Db::Postgres { admin_url, name } => {
                 if let Ok(admin) = connect(&admin_url, 1).await {
-                    let _ = admin
-                        .execute(AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .await;
+                    let _ = admin.execute(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))).await;
                     admin.close().await;
                 }
             }
@@ -263,7 +243,9 @@ async fn seed_source(db: &AnyPool, backend: Backend, id: &str, n: i64) -> Result
         .await?;
     }
     let numbers = match backend {
-        Backend::Sqlite => format!("(WITH RECURSIVE seq(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM seq WHERE k < {n}) SELECT k FROM seq) AS s"),
+        Backend::Sqlite => {
+            format!("(WITH RECURSIVE seq(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM seq WHERE k < {n}) SELECT k FROM seq) AS s")
+        }
         Backend::Postgres => format!("generate_series(1, {n}) AS s(k)"),
     };
     tx.execute(AssertSqlSafe(format!(
@@ -271,7 +253,7 @@ async fn seed_source(db: &AnyPool, backend: Backend, id: &str, n: i64) -> Result
          SELECT '{id}-m' || k, '{cid}', CASE WHEN k % 2 = 1 THEN '{u}' ELSE '{a}' END, 'regular', \
                 'message ' || k || ': {FILLER}', '<p>message ' || k || ': {FILLER}</p>', '[]', '[]', '[]', \
                 CASE WHEN k % 2 = 1 THEN '{{}}' ELSE '{{\"ai_generated\":true}}' END, \
-                {base} + k * 1000000000, {base} + k * 1000000000 \
+                {base} + k * CAST(1000000000 AS BIGINT), {base} + k * CAST(1000000000 AS BIGINT) \
          FROM {numbers}",
         u = USERS[0],
         a = USERS[1],
@@ -299,11 +281,7 @@ async fn floor_copy(db: &AnyPool, source_cid: &str, scratch: &str, rows: i64) ->
     let started = Instant::now();
     let done = conn.execute(AssertSqlSafe(sql)).await?;
     let elapsed = started.elapsed();
-    ensure!(
-        done.rows_affected() == rows as u64,
-        "the floor copied {} rows, not {rows}",
-        done.rows_affected()
-    );
+    ensure!(done.rows_affected() == rows as u64, "the floor copied {} rows, not {rows}", done.rows_affected());
     Ok(elapsed)
 }
 
@@ -334,9 +312,7 @@ impl Server {
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(offshoot::run(listener, config, shutdown.clone()));
         let base = format!("http://{addr}");
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(120))
-            .build()?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if handle.is_finished() {
@@ -348,26 +324,15 @@ impl Server {
                     break;
                 }
             }
-            ensure!(
-                Instant::now() < deadline,
-                "the server was not ready within 60 s"
-            );
+            ensure!(Instant::now() < deadline, "the server was not ready within 60 s");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
-        let key = jsonwebtoken::EncodingKey::from_secret(API_SECRET.as_bytes())
-            .context("the signing key")?;
+        let key = jsonwebtoken::EncodingKey::from_secret(API_SECRET.as_bytes()).context("the signing key")?;
         let token = jsonwebtoken::encode(&header, &json!({"server": true}), &key)?;
         // The server has applied the migrations by now; the bench's own pool seeds and times the floor.
         let db = connect(url, 2).await?;
-        Ok(Server {
-            base,
-            http,
-            token,
-            db,
-            shutdown,
-            handle,
-        })
+        Ok(Server { base, http, token, db, shutdown, handle })
     }
 
     async fn stop(self) -> Result<()> {
@@ -376,12 +341,7 @@ impl Server {
         self.handle.await?.context("the server ended with an error")
     }
 
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<(Value, Duration)> {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<(Value, Duration)> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -394,65 +354,36 @@ impl Server {
         let started = Instant::now();
         let resp = req.send().await.with_context(|| path.to_string())?;
         let status = resp.status();
-        let value: Value = resp
-            .json()
-            .await
-            .with_context(|| format!("{path}: the body is not JSON"))?;
+        let value: Value = resp.json().await.with_context(|| format!("{path}: the body is not JSON"))?;
         let elapsed = started.elapsed();
         ensure!(status.is_success(), "{path} answered {status}: {value}");
         Ok((value, elapsed))
     }
 
-    async fn fork(
-        &self,
-        source_id: &str,
-        message_id: &str,
-        target: &str,
-    ) -> Result<(Value, Duration)> {
+    async fn fork(&self, source_id: &str, message_id: &str, target: &str) -> Result<(Value, Duration)> {
         let body = json!({"message_id": message_id, "channel": {"id": target}});
-        self.call(
-            reqwest::Method::POST,
-            &format!("/channels/agent/{source_id}/fork"),
-            Some(&body),
-        )
-        .await
+        self.call(reqwest::Method::POST, &format!("/channels/agent/{source_id}/fork"), Some(&body)).await
     }
 
     /// Polls the fork's task until it is finished; returns the final fork summary.
     async fn wait_for_fork(&self, fork: &Value, target: &str) -> Result<Value> {
         let deadline = Instant::now() + COMPLETION_TIMEOUT;
-        if let Some(task_id) = fork["task_id"]
-            .as_str()
-            .filter(|_| fork["status"] == "backfilling")
-        {
+        if let Some(task_id) = fork["task_id"].as_str().filter(|_| fork["status"] == "backfilling") {
             loop {
-                let (task, _) = self
-                    .call(reqwest::Method::GET, &format!("/tasks/{task_id}"), None)
-                    .await?;
+                let (task, _) = self.call(reqwest::Method::GET, &format!("/tasks/{task_id}"), None).await?;
                 match task["status"].as_str() {
                     Some("completed") => break,
                     Some("failed") => bail!("the fork into {target} failed: {task}"),
                     _ => {}
                 }
-                ensure!(
-                    Instant::now() < deadline,
-                    "the fork into {target} did not complete within {COMPLETION_TIMEOUT:?}"
-                );
+                ensure!(Instant::now() < deadline, "the fork into {target} did not complete within {COMPLETION_TIMEOUT:?}");
                 tokio::time::sleep(POLL_INTERVAL).await;
             }
         }
-        let (state, _) = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/channels/agent/{target}/query"),
-                Some(&json!({"state": false})),
-            )
-            .await?;
+        let (state, _) =
+            self.call(reqwest::Method::POST, &format!("/channels/agent/{target}/query"), Some(&json!({"state": false}))).await?;
         let summary = state["channel"]["fork"].clone();
-        ensure!(
-            summary["status"] == "completed",
-            "the fork into {target} is not completed: {summary}"
-        );
+        ensure!(summary["status"] == "completed", "the fork into {target} is not completed: {summary}");
         Ok(summary)
     }
 }
@@ -489,22 +420,13 @@ fn median(sample: &[Duration]) -> Duration {
 }
 
 fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
 }
 
 /// A `/proc/self/status` field in kB.
 fn proc_status_kb(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Resets the peak resident set size (`VmHWM`) to the current one (Linux ≥ 4.0).
@@ -514,29 +436,14 @@ fn reset_peak_rss() -> bool {
 
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .map(str::trim)
-        .unwrap_or("unknown CPU");
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let cpu =
+        cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(str::trim).unwrap_or("unknown CPU");
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
+        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
         .unwrap_or(0);
-    format!(
-        "{cores} cores ({cpu}), {:.1} GiB memory, {}",
-        mem_kb as f64 / 1024.0 / 1024.0,
-        std::env::consts::OS
-    )
+    format!("{cores} cores ({cpu}), {:.1} GiB memory, {}", mem_kb as f64 / 1024.0 / 1024.0, std::env::consts::OS)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -544,38 +451,35 @@ fn machine() -> String {
 
 /// Synchronous fork latency on a server without the worker role.
 async fn bench_sync(backend: Backend, args: &Args, report: &mut Report) -> Result<()> {
+    let roles = offshoot::Roles { api: true, ws: false, worker: false };
     let db = Db::create(backend, "sync", &args.pg_url).await?;
-    let server = Server::start(
-        &db.url(),
-        offshoot::Roles {
-            api: true,
-            ws: false,
-            worker: false,
-        },
-    )
-    .await?;
+    let outcome = match Server::start(&db.url(), roles).await {
+        Ok(server) => {
+            let runs = sync_runs(&server, backend, args, report).await;
+            let stopped = server.stop().await;
+            runs.and(stopped)
+        }
+        Err(e) => Err(e),
+    };
+    // Dropped also after a failure, so no benchmark database is left behind.
+    db.drop_it().await;
+    outcome
+}
+
+async fn sync_runs(server: &Server, backend: Backend, args: &Args, report: &mut Report) -> Result<()> {
     let mut p50s = Vec::new();
     for n in [1_000i64, 50_000] {
         let source = format!("sync-src-{n}");
         let newest = seed_source(&server.db, backend, &source, n).await?;
         for i in 0..5 {
-            server
-                .fork(&source, &newest, &format!("{source}-warm-{i}"))
-                .await?;
+            server.fork(&source, &newest, &format!("{source}-warm-{i}")).await?;
         }
         let mut sample = Vec::with_capacity(args.forks);
         for i in 0..args.forks {
             let target = format!("{source}-f{i}");
             let (resp, took) = server.fork(&source, &newest, &target).await?;
-            ensure!(
-                resp["fork"]["status"] == "backfilling",
-                "a fork of {n} messages should be backfilling: {}",
-                resp["fork"]
-            );
-            ensure!(
-                resp["messages"].as_array().map(Vec::len) > Some(0),
-                "the fork response carries the newest page"
-            );
+            ensure!(resp["fork"]["status"] == "backfilling", "a fork of {n} messages should be backfilling: {}", resp["fork"]);
+            ensure!(resp["messages"].as_array().map(Vec::len) > Some(0), "the fork response carries the newest page");
             sample.push(took);
         }
         let (p50, p95) = (percentile(&sample, 50.0), percentile(&sample, 95.0));
@@ -587,19 +491,26 @@ async fn bench_sync(backend: Backend, args: &Args, report: &mut Report) -> Resul
             sample.len()
         ));
     }
-    report.add(format!(
-        "sync fork p50 ratio 50,000 / 1,000: {:.2}x (goal ≤ 1.5x)",
-        p50s[1].as_secs_f64() / p50s[0].as_secs_f64()
-    ));
-    server.stop().await?;
-    db.drop_it().await;
+    report.add(format!("sync fork p50 ratio 50,000 / 1,000: {:.2}x (goal ≤ 1.5x)", p50s[1].as_secs_f64() / p50s[0].as_secs_f64()));
     Ok(())
 }
 
 /// Fork to completion, the floor, the lookup and the peak memory, on a server with every role.
 async fn bench_backfill(backend: Backend, args: &Args, report: &mut Report) -> Result<()> {
     let db = Db::create(backend, "backfill", &args.pg_url).await?;
-    let server = Server::start(&db.url(), offshoot::Roles::ALL).await?;
+    let outcome = match Server::start(&db.url(), offshoot::Roles::ALL).await {
+        Ok(server) => {
+            let runs = backfill_runs(&server, backend, args, report).await;
+            let stopped = server.stop().await;
+            runs.and(stopped)
+        }
+        Err(e) => Err(e),
+    };
+    db.drop_it().await;
+    outcome
+}
+
+async fn backfill_runs(server: &Server, backend: Backend, args: &Args, report: &mut Report) -> Result<()> {
     let mut sources = Vec::new();
     for n in [1_000i64, 10_000, 50_000] {
         let source = format!("bf-src-{n}");
@@ -624,14 +535,8 @@ async fn bench_backfill(backend: Backend, args: &Args, report: &mut Report) -> R
             let summary = server.wait_for_fork(&resp["fork"], &target).await?;
             times.push(started.elapsed());
             copied = summary["copied_message_count"].as_i64().unwrap_or(0);
-            ensure!(
-                copied == (*n).min(10_000),
-                "the fork of {n} messages copied {copied}"
-            );
-            ensure!(
-                summary["truncated"].as_bool().unwrap_or(false) == (*n > 10_000),
-                "truncated is wrong: {summary}"
-            );
+            ensure!(copied == (*n).min(10_000), "the fork of {n} messages copied {copied}");
+            ensure!(summary["truncated"].as_bool().unwrap_or(false) == (*n > 10_000), "truncated is wrong: {summary}");
             if measure_memory {
                 peak_kb = peak_kb.max(proc_status_kb("VmHWM:"));
             }
@@ -660,15 +565,7 @@ async fn bench_backfill(backend: Backend, args: &Args, report: &mut Report) -> R
     let (_, source_10k, _) = &sources[1];
     let mut floors = Vec::new();
     for rep in 0..args.reps {
-        floors.push(
-            floor_copy(
-                &server.db,
-                &format!("agent:{source_10k}"),
-                &format!("floor-{rep}"),
-                10_000,
-            )
-            .await?,
-        );
+        floors.push(floor_copy(&server.db, &format!("agent:{source_10k}"), &format!("floor-{rep}"), 10_000).await?);
     }
     let floor = median(&floors);
     report.add(format!(
@@ -683,20 +580,13 @@ async fn bench_backfill(backend: Backend, args: &Args, report: &mut Report) -> R
 
     // The lookup of 1,000 ids, spread over the whole history of a completed 10,000-copy fork.
     let fork_id = lookup_fork.context("no 10,000-message fork to look up")?;
-    let ids: Vec<String> = (1..=1_000)
-        .map(|k| format!("{source_10k}-m{}", k * 10))
-        .collect();
+    let ids: Vec<String> = (1..=1_000).map(|k| format!("{source_10k}-m{}", k * 10)).collect();
     let body = json!({ "source_message_ids": ids });
     let path = format!("/channels/agent/{fork_id}/fork/message_ids");
     let mut sample = Vec::new();
     for i in 0..args.lookups + 5 {
-        let (resp, took) = server
-            .call(reqwest::Method::POST, &path, Some(&body))
-            .await?;
-        let found = resp["message_id_map"]
-            .as_object()
-            .map(|m| m.len())
-            .unwrap_or(0);
+        let (resp, took) = server.call(reqwest::Method::POST, &path, Some(&body)).await?;
+        let found = resp["message_id_map"].as_object().map(|m| m.len()).unwrap_or(0);
         ensure!(found == 1_000, "the lookup found {found} of 1,000 copies");
         if i >= 5 {
             sample.push(took);
@@ -708,50 +598,32 @@ async fn bench_backfill(backend: Backend, args: &Args, report: &mut Report) -> R
         ms(percentile(&sample, 95.0)),
         sample.len()
     ));
-
-    server.stop().await?;
-    db.drop_it().await;
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
     let args = parse_args()?;
     let machine = machine();
     println!("offshoot-bench on {machine}");
     if cfg!(debug_assertions) {
-        println!(
-            "WARNING: a debug build; run `cargo run --release -p offshoot-bench` for real figures"
-        );
+        println!("WARNING: a debug build; run `cargo run --release -p offshoot-bench` for real figures");
     }
     let mut summary = String::new();
     for &backend in &args.backends {
         if backend == Backend::Postgres && !pg_reachable(&args.pg_url).await {
-            println!(
-                "\nPostgreSQL not reachable at {}: the PostgreSQL benchmark was SKIPPED",
-                redact(&args.pg_url)
-            );
+            println!("\nPostgreSQL not reachable at {}: the PostgreSQL benchmark was SKIPPED", redact(&args.pg_url));
             continue;
         }
         println!("\n== {} ==", backend.name());
         let mut report = Report::default();
         let started = Instant::now();
-        bench_sync(backend, &args, &mut report)
-            .await
-            .with_context(|| format!("{}: synchronous fork latency", backend.name()))?;
-        bench_backfill(backend, &args, &mut report)
-            .await
-            .with_context(|| format!("{}: backfill", backend.name()))?;
-        println!(
-            "  ({} in {:.0} s)",
-            backend.name(),
-            started.elapsed().as_secs_f64()
-        );
+        bench_sync(backend, &args, &mut report).await.with_context(|| format!("{}: synchronous fork latency", backend.name()))?;
+        bench_backfill(backend, &args, &mut report).await.with_context(|| format!("{}: backfill", backend.name()))?;
+        println!("  ({} in {:.0} s)", backend.name(), started.elapsed().as_secs_f64());
         let _ = writeln!(summary, "\n### {}\n", backend.name());
         for line in &report.lines {
             let _ = writeln!(summary, "- {line}");

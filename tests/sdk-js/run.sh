@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# JS SDK compatibility tests: the official npm package stream-chat (pinned in package.json and
+# package-lock.json) against the real offshoot binary, with Node's built-in test runner.
+#
+# Builds nothing: it runs the server binary that is already there (scripts/test builds it
+# first). For each backend it starts `offshoot serve` on a free loopback port with a fresh
+# database and a fixed key pair, waits for GET /healthz, runs `node --test` on *.test.mjs and
+# stops the server:
+#   1. SQLite, a fresh file in a temporary directory;
+#   2. PostgreSQL, a fresh database created with psql and dropped afterwards, when a server is
+#      reachable (skipped otherwise, unless OFFSHOOT_REQUIRE_PG=1).
+#
+# Usage: tests/sdk-js/run.sh [--binary PATH] [--pg-url URL] [--no-pg] [-- node --test args]
+# Environment:
+#   OFFSHOOT_BIN          the server binary (default target/debug/offshoot)
+#   OFFSHOOT_TEST_PG_URL  PostgreSQL server (default postgres://postgres@127.0.0.1:5432/postgres)
+#   OFFSHOOT_REQUIRE_PG=1 fail instead of skipping when PostgreSQL is not reachable
+# `npm ci` runs here when node_modules is missing or the lock file changed.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=${OFFSHOOT_BIN:-$ROOT/target/debug/offshoot}
+PG_URL=${OFFSHOOT_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+PG_PASS=1
+NODE_ARGS=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --binary) BIN=$2; shift 2 ;;
+        --pg-url) PG_URL=$2; shift 2 ;;
+        --no-pg) PG_PASS=0; shift ;;
+        --) shift; NODE_ARGS=("$@"); break ;;
+        *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+
+API_KEY=sdk-js-test-key
+API_SECRET=sdk-js-test-secret-$(printf 'x%.0s' {1..32})
+READY_TIMEOUT_S=60
+STOP_TIMEOUT_S=15
+# A slow backfill (small pages with a pause between them), so that a client can start watching
+# a fork while its history is still being copied. The tests get the delay too.
+BACKFILL_PAGE_SIZE=25
+BACKFILL_PAGE_DELAY_MS=150
+
+die() { printf 'tests/sdk-js: %s\n' "$*" >&2; exit 1; }
+
+command -v node >/dev/null 2>&1 || die "node is not installed (Node 20 or newer is needed)"
+command -v npm >/dev/null 2>&1 || die "npm is not installed"
+[[ -x $BIN ]] || die "$BIN does not exist: run 'cargo build -p offshoot' first"
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+
+# The pinned SDK; reinstall only when the lock file changed.
+if ! cmp -s "$HERE/package-lock.json" "$HERE/node_modules/.offshoot-lock"; then
+    (cd "$HERE" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error) \
+        || die "could not install the JS SDK from npm (tests/sdk-js/package-lock.json)"
+    cp "$HERE/package-lock.json" "$HERE/node_modules/.offshoot-lock"
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/offshoot-sdk-js.XXXXXX")
+SERVER_PID=
+PG_DB=
+PG_ADMIN_URL=
+
+cleanup() {
+    stop_server
+    drop_pg_db
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A free loopback port. Not 3030, and no port whose URL contains ":3030": the JS SDK derives
+# wsBaseURL with baseURL.replace(':3030', ':8800'), which would also rewrite e.g. :30301.
+free_port() {
+    node -e '
+        const net = require("node:net");
+        const pick = () => { const s = net.createServer(); s.listen(0, "127.0.0.1", () => {
+            const p = s.address().port; s.close(() => String(p).startsWith("3030") ? pick() : console.log(p)); }); };
+        pick();'
+}
+
+healthy() {
+    node -e '
+        const req = require("node:http").get(process.argv[1], { timeout: 2000 }, (r) => { r.resume(); process.exit(r.statusCode === 200 ? 0 : 1); });
+        req.on("error", () => process.exit(1)); req.on("timeout", () => { req.destroy(); process.exit(1); });' "$1/healthz"
+}
+
+stop_server() {
+    [[ -n $SERVER_PID ]] || return 0
+    local pid=$SERVER_PID
+    SERVER_PID=
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for ((i = 0; i < STOP_TIMEOUT_S * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "tests/sdk-js: the server did not stop within ${STOP_TIMEOUT_S}s of SIGTERM: killing it" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+drop_pg_db() {
+    [[ -n $PG_DB ]] || return 0
+    psql -q "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" >/dev/null 2>&1 || true
+    PG_DB=
+}
+
+# run_pass NAME DATABASE_URL: one server, one `node --test` run. Returns the test status.
+run_pass() {
+    local backend=$1 database_url=$2
+    local port base_url log
+    port=$(free_port)
+    base_url="http://127.0.0.1:$port"
+    log="$WORK/server-$backend.log"
+    printf '\n--- JS SDK tests (stream-chat %s) on %s: %s serve at %s\n' \
+        "$(node -p 'require(process.argv[1]).version' "$HERE/node_modules/stream-chat/package.json")" \
+        "$backend" "$(basename "$BIN")" "$base_url"
+    (
+        cd "$WORK"
+        exec env OFFSHOOT_LISTEN="127.0.0.1:$port" DATABASE_URL="$database_url" \
+            OFFSHOOT_API_KEY="$API_KEY" OFFSHOOT_API_SECRET="$API_SECRET" OFFSHOOT_ROLES=api,ws,worker \
+            OFFSHOOT_BACKFILL_PAGE_SIZE=$BACKFILL_PAGE_SIZE OFFSHOOT_BACKFILL_PAGE_DELAY_MS=$BACKFILL_PAGE_DELAY_MS \
+            RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve
+    ) >"$log" 2>&1 &
+    SERVER_PID=$!
+
+    local deadline=$((SECONDS + READY_TIMEOUT_S))
+    until healthy "$base_url"; do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            wait "$SERVER_PID" 2>/dev/null || true
+            SERVER_PID=
+            printf -- '--- server log (%s) ---\n%s\n' "$backend" "$(tail -c 20000 "$log")" >&2
+            die "the server exited before it was ready ($backend)"
+        fi
+        if ((SECONDS >= deadline)); then
+            printf -- '--- server log (%s) ---\n%s\n' "$backend" "$(tail -c 20000 "$log")" >&2
+            die "the server was not ready within ${READY_TIMEOUT_S}s ($backend)"
+        fi
+        sleep 0.1
+    done
+
+    # --test-force-exit: after connectUser, stream-chat 9.53.0 leaves a 15 s timer behind (the
+    # losing side of the Promise.race in StableWSConnection._waitForHealthy), which would keep
+    # each test file's process alive for 15 s after its last test. Every test disconnects its
+    # users itself (and one test checks the close handshake), so nothing real is cut short.
+    local status=0
+    (
+        cd "$HERE"
+        exec env OFFSHOOT_SDK_BASE_URL="$base_url" OFFSHOOT_SDK_API_KEY="$API_KEY" OFFSHOOT_SDK_API_SECRET="$API_SECRET" \
+            OFFSHOOT_SDK_BACKEND="$backend" OFFSHOOT_SDK_BACKFILL_PAGE_DELAY_MS=$BACKFILL_PAGE_DELAY_MS \
+            node --test --test-force-exit --test-reporter=spec --test-timeout=120000 "${NODE_ARGS[@]}" ./*.test.mjs
+    ) || status=$?
+
+    stop_server
+    if ((status != 0)); then
+        printf -- '\n--- server log (%s, last 20 kB) ---\n%s\n' "$backend" "$(tail -c 20000 "$log")" >&2
+    fi
+    return "$status"
+}
+
+# Host and port of a postgres:// URL.
+pg_host_port() {
+    local rest=${1#*://}
+    rest=${rest#*@}
+    rest=${rest%%/*}
+    rest=${rest%%\?*}
+    local host=${rest%%:*} port=5432
+    [[ $rest == *:* ]] && port=${rest##*:}
+    printf '%s %s\n' "${host:-127.0.0.1}" "$port"
+}
+
+pg_reachable() {
+    command -v psql >/dev/null 2>&1 || return 1
+    local host port
+    read -r host port < <(pg_host_port "$PG_URL")
+    if command -v pg_isready >/dev/null 2>&1; then
+        pg_isready -q -h "$host" -p "$port" -t 5 || return 1
+    fi
+    psql "$PG_URL" -tAc 'SELECT 1' >/dev/null 2>&1
+}
+
+FAILED=()
+run_pass sqlite "sqlite://$WORK/offshoot-sdk-js.db?mode=rwc" || FAILED+=(sqlite)
+
+if ((PG_PASS)); then
+    read -r PG_HOST PG_PORT < <(pg_host_port "$PG_URL")
+    if pg_reachable; then
+        PG_DB="offshoot_sdk_js_$$_$RANDOM"
+        # The same server, the maintenance database for CREATE/DROP, the fresh one for the test.
+        base=${PG_URL%%\?*}
+        query=
+        [[ $PG_URL == *\?* ]] && query="?${PG_URL#*\?}"
+        server_part=${base%/*}
+        [[ $base == *://*/* ]] || server_part=$base
+        PG_ADMIN_URL="$server_part/postgres$query"
+        psql -v ON_ERROR_STOP=1 -q "$PG_ADMIN_URL" -c "CREATE DATABASE $PG_DB" \
+            || die "could not create the PostgreSQL database $PG_DB"
+        run_pass postgres "$server_part/$PG_DB$query" || FAILED+=(postgres)
+        drop_pg_db
+    elif [[ ${OFFSHOOT_REQUIRE_PG:-0} == 1 ]]; then
+        die "PostgreSQL not reachable at $PG_HOST:$PG_PORT and OFFSHOOT_REQUIRE_PG=1"
+    else
+        printf '\nPostgreSQL not reachable at %s:%s: the JS SDK PostgreSQL pass was SKIPPED\n' "$PG_HOST" "$PG_PORT"
+    fi
+fi
+
+if ((${#FAILED[@]})); then
+    die "JS SDK tests failed on: ${FAILED[*]}"
+fi
+printf '\nJS SDK tests passed\n'
