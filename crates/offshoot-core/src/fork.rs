@@ -15,7 +15,7 @@ pub const MAX_MEMBERS: usize = 100;
 /// At most this many ids per message-id lookup.
 pub const MAX_LOOKUP: usize = 1_000;
 /// Messages copied per background transaction.
-pub const BACKFILL_PAGE: i64 = 500;
+pub const BACKFILL_PAGE: i64 = 1_000;
 
 /// Size limits of agent channels a copy must meet (`message_too_large` otherwise).
 #[derive(Debug, Clone, Copy)]

@@ -2,7 +2,8 @@
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
 use crate::channels::{event_for, insert_channel_row, load_channel, load_members, MemberInput, NewChannel};
-use crate::messages::{bind_all, ensure_user, insert_message_row, load_message, lock_channel, Bind};
+use crate::messages::{bind_all, ensure_user, insert_message_rows, load_message, lock_channel, Bind};
+use std::collections::HashMap;
 use crate::rows::{self, placeholders, FORK_COLS, MESSAGE_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
@@ -104,14 +105,26 @@ async fn copy_messages(
     limits: SizeLimits,
     map: &mut Map<String, Value>,
 ) -> Result<(i64, Option<CopyFailure>)> {
-    let mut copied = 0;
-    let mut parents: Vec<String> = Vec::new();
+    // Copy ids already taken: by an earlier page or attempt of this fork (skip), or by another
+    // message (the fork fails).
+    let copy_ids: Vec<String> = sources.iter().map(|m| ids::copy_id(fork_cid, &m.id)).collect();
+    let mut taken: HashMap<String, (String, Option<String>)> = HashMap::new();
+    for chunk in copy_ids.chunks(500) {
+        let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        for row in q.fetch_all(&mut *tx.tx).await? {
+            taken.insert(rows::get_str(&row, "id")?, (rows::get_str(&row, "cid")?, rows::get_opt_str(&row, "source_message_id")?));
+        }
+    }
+    let mut copies: Vec<Message> = Vec::with_capacity(sources.len());
     let mut failure = None;
-    for src in sources {
-        let copy_id = ids::copy_id(fork_cid, &src.id);
-        if let Some((existing, _)) = load_message(&mut tx.tx, &copy_id).await? {
-            if existing.cid == fork_cid && existing.source_message_id.as_deref() == Some(src.id.as_str()) {
-                continue; // copied by an earlier page or attempt
+    for (src, copy_id) in sources.iter().zip(copy_ids) {
+        if let Some((cid, source_id)) = taken.get(&copy_id) {
+            if cid == fork_cid && source_id.as_deref() == Some(src.id.as_str()) {
+                continue;
             }
             failure = Some(CopyFailure::IdTaken);
             break;
@@ -120,8 +133,8 @@ async fn copy_messages(
             failure = Some(CopyFailure::TooLarge);
             break;
         }
-        let copy = Message {
-            id: copy_id.clone(),
+        copies.push(Message {
+            id: copy_id,
             cid: fork_cid.to_string(),
             parent_id: src.parent_id.as_ref().map(|p| ids::copy_id(fork_cid, p)),
             quoted_message_id: src.quoted_message_id.as_ref().map(|q| ids::copy_id(fork_cid, q)),
@@ -137,11 +150,14 @@ async fn copy_messages(
             source_cid: Some(src.cid.clone()),
             source_message_id: Some(src.id.clone()),
             ..src.clone()
-        };
-        insert_message_row(tx, &copy).await?;
-        parents.push(copy.parent_id.clone().unwrap_or(copy.id.clone()));
-        map.insert(src.id.clone(), Value::String(copy_id));
-        copied += 1;
+        });
+    }
+    insert_message_rows(tx, &copies).await?;
+    let copied = copies.len() as i64;
+    let mut parents: Vec<String> = Vec::new();
+    for c in &copies {
+        map.insert(c.source_message_id.clone().expect("a copy has a source"), Value::String(c.id.clone()));
+        parents.push(c.parent_id.clone().unwrap_or_else(|| c.id.clone()));
     }
     // `reply_count` of a copy counts its copied replies; replies arrive before their parents
     // (newest first), so recount the parents this batch touched.
@@ -159,7 +175,10 @@ async fn copy_messages(
         q.execute(&mut *tx.tx).await?;
     }
     if copied > 0 {
-        sqlx::query("UPDATE channel SET message_count = (SELECT COUNT(*) FROM message WHERE cid = $1), last_message_at = (SELECT MAX(created_at) FROM message WHERE cid = $1) WHERE cid = $1")
+        let newest = copies.iter().map(|c| c.created_at).max().unwrap_or(i64::MIN);
+        sqlx::query("UPDATE channel SET message_count = message_count + $1, last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $2 THEN $2 ELSE last_message_at END WHERE cid = $3")
+            .bind(copied)
+            .bind(newest)
             .bind(fork_cid.to_string())
             .execute(&mut *tx.tx)
             .await?;
@@ -355,11 +374,10 @@ impl Store {
                     .reason("fork_point_generating"),
             );
         }
-        let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $4")
+        let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
             .bind(source.cid.clone())
             .bind(point.created_at)
             .bind(point.id.clone())
-            .bind(source.truncated_at.unwrap_or(i64::MIN))
             .fetch_one(&mut *tx.tx)
             .await?;
         if rows::get_i64(&clash, "n")? > 0 {
@@ -460,11 +478,15 @@ impl Store {
         let top = fetch_messages(&mut tx.tx, format!("SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
         let mut replies = Vec::new();
         if !top.is_empty() {
-            let mut b = binds.clone();
+            // The parents are the eligible page itself, so only the replies' own visibility is
+            // checked here; without `cid` in the filter the planner walks the parent_id index.
+            let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
             b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
             let sql = format!(
-                "SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IN ({}) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
-                placeholders(7, top.len()),
+                "SELECT {MESSAGE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
+                 AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
+                 AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
+                placeholders(4, top.len()),
                 plan::PAGE_REPLIES
             );
             replies = fetch_messages(&mut tx.tx, sql, &b).await?;
@@ -580,13 +602,14 @@ impl Store {
         let page = fetch_messages(&mut tx.tx, sql, &binds).await?;
         let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
         let mut map = Map::new();
-        let (_, failure) = copy_messages(&mut tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
+        let (copied, failure) = copy_messages(&mut tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
         if let Some(last) = page.last() {
-            sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $3 AND source_message_id IS NOT NULL), updated_at = $4 WHERE cid = $3")
+            sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
                 .bind(last.created_at)
                 .bind(last.id.clone())
                 .bind(fork_cid.to_string())
                 .bind(time::now())
+                .bind(copied)
                 .execute(&mut *tx.tx)
                 .await?;
         }

@@ -670,39 +670,53 @@ async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author:
 }
 
 pub(crate) async fn insert_message_row(tx: &mut Tx, m: &Message) -> Result<()> {
-    sqlx::query("INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, pinned_at, pinned_by_id, pin_expires, reply_count, deleted_reply_count, created_at, updated_at, deleted_at, message_text_updated_at, source_cid, source_message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)")
-        .bind(m.id.clone())
-        .bind(m.cid.clone())
-        .bind(m.user_id.clone())
-        .bind(m.kind.clone())
-        .bind(m.text.clone())
-        .bind(m.html.clone())
-        .bind(m.mml.clone())
-        .bind(m.command.clone())
-        .bind(m.parent_id.clone())
-        .bind(m.show_in_channel)
-        .bind(m.quoted_message_id.clone())
-        .bind(serde_json::to_string(&m.attachments)?)
-        .bind(serde_json::to_string(&m.mentioned_users)?)
-        .bind(serde_json::to_string(&m.restricted_visibility)?)
-        .bind(m.silent)
-        .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
-        .bind(serde_json::to_string(&m.custom)?)
-        .bind(m.shadowed)
-        .bind(m.pinned)
-        .bind(m.pinned_at)
-        .bind(m.pinned_by_id.clone())
-        .bind(m.pin_expires)
-        .bind(m.reply_count)
-        .bind(m.deleted_reply_count)
-        .bind(m.created_at)
-        .bind(m.updated_at)
-        .bind(m.deleted_at)
-        .bind(m.message_text_updated_at)
-        .bind(m.source_cid.clone())
-        .bind(m.source_message_id.clone())
-        .execute(&mut *tx.tx)
-        .await?;
+    insert_message_rows(tx, std::slice::from_ref(m)).await
+}
+
+const MESSAGE_INSERT_COLS: &str = "id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, pinned_at, pinned_by_id, pin_expires, reply_count, deleted_reply_count, created_at, updated_at, deleted_at, message_text_updated_at, source_cid, source_message_id";
+const MESSAGE_INSERT_N: usize = 30;
+
+/// Inserts messages with multi-row statements (100 rows each): one round trip per 100 rows.
+pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result<()> {
+    for chunk in msgs.chunks(100) {
+        let rows: Vec<String> = (0..chunk.len()).map(|i| format!("({})", placeholders(i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N))).collect();
+        let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}", rows.join(", "));
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for m in chunk {
+            q = q
+                .bind(m.id.clone())
+                .bind(m.cid.clone())
+                .bind(m.user_id.clone())
+                .bind(m.kind.clone())
+                .bind(m.text.clone())
+                .bind(m.html.clone())
+                .bind(m.mml.clone())
+                .bind(m.command.clone())
+                .bind(m.parent_id.clone())
+                .bind(m.show_in_channel)
+                .bind(m.quoted_message_id.clone())
+                .bind(serde_json::to_string(&m.attachments)?)
+                .bind(serde_json::to_string(&m.mentioned_users)?)
+                .bind(serde_json::to_string(&m.restricted_visibility)?)
+                .bind(m.silent)
+                .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
+                .bind(serde_json::to_string(&m.custom)?)
+                .bind(m.shadowed)
+                .bind(m.pinned)
+                .bind(m.pinned_at)
+                .bind(m.pinned_by_id.clone())
+                .bind(m.pin_expires)
+                .bind(m.reply_count)
+                .bind(m.deleted_reply_count)
+                .bind(m.created_at)
+                .bind(m.updated_at)
+                .bind(m.deleted_at)
+                .bind(m.message_text_updated_at)
+                .bind(m.source_cid.clone())
+                .bind(m.source_message_id.clone());
+        }
+        q.execute(&mut *tx.tx).await?;
+    }
     Ok(())
 }
 
