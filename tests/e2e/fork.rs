@@ -1109,6 +1109,14 @@ async fn a_backfill_killed_mid_way_resumes_after_a_restart_without_loss_or_dupli
     assert_eq!(all, copies(fc, &m), "every message exactly once, in order");
     let look = second.lookup(fc, &second.server(), &m).await.ok();
     assert_eq!(look["message_id_map"].as_object().unwrap().len(), 400);
+    // The outbox holds exactly one channel.forked per channel and one channel.created for the fork.
+    let store = offshoot_store::Store::connect(&db.url).await.expect("open the database");
+    let events = store.events_after(0, 100_000).await.expect("read the outbox");
+    let count = |kind: &str, cid: &str| events.iter().filter(|e| e.event.kind == kind && e.event.cid.as_deref() == Some(cid)).count();
+    assert_eq!(count("channel.forked", fc), 1, "one channel.forked on the fork");
+    assert_eq!(count("channel.forked", "agent:crash"), 1, "one channel.forked on the source");
+    assert_eq!(count("channel.created", fc), 1, "one channel.created for the fork");
+    store.close().await;
     drop(second);
     drop(first);
 }
