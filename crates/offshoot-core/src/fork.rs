@@ -35,10 +35,13 @@ impl SizeLimits {
 
     /// Whether `m` fits. Attachments only count when they are copied.
     pub fn fits(&self, m: &Message, with_attachments: bool) -> bool {
-        let text_ok = (m.text.chars().count() as i64) <= self.max_text_chars;
-        let custom_ok = serde_json::to_vec(&m.custom).map(|v| v.len()).unwrap_or(usize::MAX) <= self.max_custom_bytes;
-        let att_ok = !with_attachments || m.attachments.len() <= self.max_attachments;
-        text_ok && custom_ok && att_ok
+        let custom = serde_json::to_vec(&m.custom).map(|v| v.len()).unwrap_or(usize::MAX);
+        self.fits_sizes(m.text.chars().count() as i64, custom, if with_attachments { m.attachments.len() } else { 0 })
+    }
+
+    /// The same rule on sizes: text in characters, custom data in bytes, copied attachments.
+    pub fn fits_sizes(&self, text_chars: i64, custom_bytes: usize, attachments: usize) -> bool {
+        text_chars <= self.max_text_chars && custom_bytes <= self.max_custom_bytes && attachments <= self.max_attachments
     }
 }
 

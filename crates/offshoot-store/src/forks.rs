@@ -2,17 +2,17 @@
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
 use crate::channels::{event_for, insert_channel_row, load_channel, load_members, MemberInput, NewChannel};
-use crate::messages::{bind_all, ensure_user, insert_message_rows, load_message, lock_channel, Bind};
-use std::collections::HashMap;
-use crate::rows::{self, placeholders, FORK_COLS, MESSAGE_COLS};
+use crate::messages::{bind_all, ensure_user, load_message, lock_channel, Bind};
+use crate::rows::{self, placeholders, FORK_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
-use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Message, Task, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Task, User};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use serde_json::{json, Map, Value};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
+use std::collections::HashMap;
 
 #[derive(Debug, Clone, Default)]
 pub struct ForkRequest {
@@ -95,22 +95,66 @@ enum CopyFailure {
     TooLarge,
 }
 
+/// What the copy needs to know of a source message before copying it; the row itself is
+/// copied by the database (`INSERT … SELECT`), never decoded here.
+struct CopySource {
+    id: String,
+    parent_id: Option<String>,
+    quoted_message_id: Option<String>,
+    created_at: i64,
+    text_chars: i64,
+    custom_bytes: usize,
+    attachments: usize,
+}
+
+const COPY_SOURCE_COLS: &str =
+    "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments";
+
+fn copy_source(row: &AnyRow) -> Result<CopySource> {
+    let attachments = rows::get_str(row, "attachments")?;
+    Ok(CopySource {
+        id: rows::get_str(row, "id")?,
+        parent_id: rows::get_opt_str(row, "parent_id")?,
+        quoted_message_id: rows::get_opt_str(row, "quoted_message_id")?,
+        created_at: rows::get_i64(row, "created_at")?,
+        text_chars: rows::get_i64(row, "text_chars")?,
+        // Stored custom data is the serialised object itself, so its length is its size.
+        custom_bytes: rows::get_str(row, "custom")?.len(),
+        attachments: if attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&attachments)?.len() },
+    })
+}
+
+async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
+    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), binds).fetch_all(&mut *conn).await?;
+    rows.iter().map(copy_source).collect()
+}
+
+/// `n` placeholders starting at `$first`: `?` on SQLite (which resolves `$n` names by a linear
+/// search when preparing, quadratic in their number), `$n` on PostgreSQL.
+fn params(backend: Backend, first: usize, n: usize) -> String {
+    match backend {
+        Backend::Sqlite => vec!["?"; n].join(", "),
+        Backend::Postgres => placeholders(first, n),
+    }
+}
+
 /// Copies `sources` (newest first) into the fork. Stops at the first message that cannot be
 /// copied and returns the failure; what was copied before it stays.
 async fn copy_messages(
     tx: &mut Tx,
     fork_cid: &str,
-    sources: &[Message],
+    sources: &[CopySource],
     exclude_attachments: bool,
     limits: SizeLimits,
     map: &mut Map<String, Value>,
 ) -> Result<(i64, Option<CopyFailure>)> {
+    let backend = tx.backend;
     // Copy ids already taken: by an earlier page or attempt of this fork (skip), or by another
     // message (the fork fails).
     let copy_ids: Vec<String> = sources.iter().map(|m| ids::copy_id(fork_cid, &m.id)).collect();
     let mut taken: HashMap<String, (String, Option<String>)> = HashMap::new();
     for chunk in copy_ids.chunks(500) {
-        let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", placeholders(1, chunk.len()));
+        let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(backend, 1, chunk.len()));
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
@@ -119,7 +163,9 @@ async fn copy_messages(
             taken.insert(rows::get_str(&row, "id")?, (rows::get_str(&row, "cid")?, rows::get_opt_str(&row, "source_message_id")?));
         }
     }
-    let mut copies: Vec<Message> = Vec::with_capacity(sources.len());
+    // (source id, copy id, parent copy id, quoted copy id)
+    let mut plan: Vec<(String, String, Option<String>, Option<String>)> = Vec::with_capacity(sources.len());
+    let mut newest = i64::MIN;
     let mut failure = None;
     for (src, copy_id) in sources.iter().zip(copy_ids) {
         if let Some((cid, source_id)) = taken.get(&copy_id) {
@@ -129,44 +175,53 @@ async fn copy_messages(
             failure = Some(CopyFailure::IdTaken);
             break;
         }
-        if !limits.fits(src, !exclude_attachments) {
+        if !limits.fits_sizes(src.text_chars, src.custom_bytes, if exclude_attachments { 0 } else { src.attachments }) {
             failure = Some(CopyFailure::TooLarge);
             break;
         }
-        copies.push(Message {
-            id: copy_id,
-            cid: fork_cid.to_string(),
-            parent_id: src.parent_id.as_ref().map(|p| ids::copy_id(fork_cid, p)),
-            quoted_message_id: src.quoted_message_id.as_ref().map(|q| ids::copy_id(fork_cid, q)),
-            attachments: if exclude_attachments { Vec::new() } else { src.attachments.clone() },
-            shadowed: false,
-            pinned: false,
-            pinned_at: None,
-            pinned_by_id: None,
-            pin_expires: None,
-            reply_count: 0,
-            deleted_reply_count: 0,
-            deleted_at: None,
-            source_cid: Some(src.cid.clone()),
-            source_message_id: Some(src.id.clone()),
-            ..src.clone()
-        });
+        newest = newest.max(src.created_at);
+        plan.push((
+            src.id.clone(),
+            copy_id,
+            src.parent_id.as_ref().map(|p| ids::copy_id(fork_cid, p)),
+            src.quoted_message_id.as_ref().map(|q| ids::copy_id(fork_cid, q)),
+        ));
     }
-    insert_message_rows(tx, &copies).await?;
-    let copied = copies.len() as i64;
+    // The database copies the rows: everything but the ids is taken from the source row.
+    let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
+    for chunk in plan.chunks(250) {
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
+        let sql = format!(
+            "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
+             attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, reply_count, \
+             deleted_reply_count, created_at, updated_at, message_text_updated_at, source_cid, source_message_id) \
+             SELECT v.column2, {p1}, m.user_id, m.type, m.text, m.html, m.mml, m.command, v.column3, m.show_in_channel, v.column4, \
+             {attachments}, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, FALSE, FALSE, 0, \
+             0, m.created_at, m.updated_at, m.message_text_updated_at, m.cid, m.id \
+             FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1",
+            p1 = params(backend, 1, 1),
+            values = values.join(", "),
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
+        for (src, copy, parent, quoted) in chunk {
+            q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
+        }
+        q.execute(&mut *tx.tx).await?;
+    }
+    let copied = plan.len() as i64;
     let mut parents: Vec<String> = Vec::new();
-    for c in &copies {
-        map.insert(c.source_message_id.clone().expect("a copy has a source"), Value::String(c.id.clone()));
-        parents.push(c.parent_id.clone().unwrap_or_else(|| c.id.clone()));
+    for (src, copy, parent, _) in plan {
+        parents.push(parent.unwrap_or_else(|| copy.clone()));
+        map.insert(src, Value::String(copy));
     }
     // `reply_count` of a copy counts its copied replies; replies arrive before their parents
     // (newest first), so recount the parents this batch touched.
     parents.sort();
     parents.dedup();
-    for chunk in parents.chunks(300) {
+    for chunk in parents.chunks(500) {
         let sql = format!(
             "UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id) WHERE id IN ({})",
-            placeholders(1, chunk.len())
+            params(backend, 1, chunk.len())
         );
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for id in chunk {
@@ -175,7 +230,6 @@ async fn copy_messages(
         q.execute(&mut *tx.tx).await?;
     }
     if copied > 0 {
-        let newest = copies.iter().map(|c| c.created_at).max().unwrap_or(i64::MIN);
         sqlx::query("UPDATE channel SET message_count = message_count + $1, last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $2 THEN $2 ELSE last_message_at END WHERE cid = $3")
             .bind(copied)
             .bind(newest)
@@ -191,11 +245,6 @@ fn failure_reason(f: &CopyFailure) -> &'static str {
         CopyFailure::IdTaken => plan::FAILED_ID_TAKEN,
         CopyFailure::TooLarge => plan::FAILED_TOO_LARGE,
     }
-}
-
-async fn fetch_messages(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<Message>> {
-    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), binds).fetch_all(&mut *conn).await?;
-    rows.iter().map(rows::message).collect()
 }
 
 fn eligible_binds(source_cid: &str, truncated_at: Option<i64>, point: (i64, &str), boundary: Option<&(i64, String)>) -> Vec<Bind> {
@@ -475,7 +524,7 @@ impl Store {
         // The newest page: up to 100 top-level messages up to the fork point and up to 100 of
         // their replies, newest first.
         let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
-        let top = fetch_messages(&mut tx.tx, format!("SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
+        let top = fetch_sources(&mut tx.tx, format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
         let mut replies = Vec::new();
         if !top.is_empty() {
             // The parents are the eligible page itself, so only the replies' own visibility is
@@ -483,16 +532,16 @@ impl Store {
             let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
             b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
             let sql = format!(
-                "SELECT {MESSAGE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
+                "SELECT {COPY_SOURCE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
                  AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
                  AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
                 placeholders(4, top.len()),
                 plan::PAGE_REPLIES
             );
-            replies = fetch_messages(&mut tx.tx, sql, &b).await?;
+            replies = fetch_sources(&mut tx.tx, sql, &b).await?;
         }
         let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
-        let mut page: Vec<Message> = top.into_iter().chain(replies).collect();
+        let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
         page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
         let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
         let mut map = Map::new();
@@ -598,8 +647,8 @@ impl Store {
         let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
         binds.push(Bind::I(cursor.0));
         binds.push(Bind::S(cursor.1.clone()));
-        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
-        let page = fetch_messages(&mut tx.tx, sql, &binds).await?;
+        let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
+        let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
         let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
         let mut map = Map::new();
         let (copied, failure) = copy_messages(&mut tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;

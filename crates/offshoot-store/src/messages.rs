@@ -679,7 +679,13 @@ const MESSAGE_INSERT_N: usize = 30;
 /// Inserts messages with multi-row statements (100 rows each): one round trip per 100 rows.
 pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result<()> {
     for chunk in msgs.chunks(100) {
-        let rows: Vec<String> = (0..chunk.len()).map(|i| format!("({})", placeholders(i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N))).collect();
+        // SQLite resolves each `$n` name by a linear search at prepare time (quadratic in the
+        // number of parameters); plain `?` numbers itself in order. PostgreSQL needs `$n`.
+        let row = |i: usize| match tx.backend {
+            crate::Backend::Sqlite => format!("({})", vec!["?"; MESSAGE_INSERT_N].join(", ")),
+            crate::Backend::Postgres => format!("({})", placeholders(i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N)),
+        };
+        let rows: Vec<String> = (0..chunk.len()).map(row).collect();
         let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}", rows.join(", "));
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for m in chunk {

@@ -78,7 +78,10 @@ pub async fn run(store: Store, config: BackfillConfig, wake: Arc<Notify>, shutdo
 /// Copies pages of one fork until it is finished, gone, or shutdown is requested.
 async fn drain(store: &Store, config: &BackfillConfig, cid: &str, shutdown: &CancellationToken) {
     loop {
-        match store.backfill_step(cid, config.page_size).await {
+        let started = std::time::Instant::now();
+        let step = store.backfill_step(cid, config.page_size).await;
+        tracing::debug!(fork = cid, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "backfill page");
+        match step {
             Ok(BackfillStep::More) => {}
             Ok(BackfillStep::Done) | Ok(BackfillStep::Gone) => return,
             Err(e) => {
