@@ -193,3 +193,20 @@ impl Store {
         tx.commit(self).await
     }
 }
+
+impl Store {
+    /// Deletes outbox events created before `before` that every consumer cursor has passed and
+    /// no webhook delivery still needs. Returns how many were deleted.
+    pub async fn prune_events(&self, before: i64) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let res = sqlx::query(
+            "DELETE FROM event WHERE created_at < $1 AND seq <= COALESCE((SELECT MIN(seq) FROM outbox_cursor), 0) \
+             AND NOT EXISTS (SELECT 1 FROM webhook_delivery d WHERE d.seq = event.seq)",
+        )
+        .bind(before)
+        .execute(&mut *tx.tx)
+        .await?;
+        tx.commit(self).await?;
+        Ok(res.rows_affected())
+    }
+}

@@ -318,3 +318,22 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
     })
     .await;
 }
+
+#[tokio::test]
+async fn pruning_deletes_only_old_events_every_cursor_passed_and_no_delivery_needs() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let start = s.outbox_cursor("hooks").await.expect("cursor");
+        publish_n(s, 4).await;
+        let events = s.events_after(start, 10).await.expect("events");
+        // The cursor has passed the first three; the second still has a delivery queued.
+        s.advance_cursor("hooks", events[2].seq, &[(events[1].seq, HOOK.into())]).await.expect("advance");
+        let later = time::now() + 1_000_000_000;
+        assert_eq!(s.prune_events(time::now() - 3_600 * 1_000_000_000).await.expect("prune"), 0, "nothing is old enough");
+        let deleted = s.prune_events(later).await.expect("prune");
+        assert_eq!(deleted, 2, "the first and third event go");
+        let left: Vec<i64> = s.events_after(start, 10).await.expect("events").iter().map(|e| e.seq).collect();
+        assert_eq!(left, vec![events[1].seq, events[3].seq], "a queued delivery and an unread event stay");
+    })
+    .await;
+}
