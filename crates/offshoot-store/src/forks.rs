@@ -105,10 +105,11 @@ struct CopySource {
     text_chars: i64,
     custom_bytes: usize,
     attachments: usize,
+    has_replies: bool,
 }
 
 const COPY_SOURCE_COLS: &str =
-    "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments";
+    "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments, m.reply_count";
 
 fn copy_source(row: &AnyRow) -> Result<CopySource> {
     let attachments = rows::get_str(row, "attachments")?;
@@ -121,6 +122,7 @@ fn copy_source(row: &AnyRow) -> Result<CopySource> {
         // Stored custom data is the serialised object itself, so its length is its size.
         custom_bytes: rows::get_str(row, "custom")?.len(),
         attachments: if attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&attachments)?.len() },
+        has_replies: rows::get_i64(row, "reply_count")? > 0,
     })
 }
 
@@ -165,6 +167,9 @@ async fn copy_messages(
     }
     // (source id, copy id, parent copy id, quoted copy id)
     let mut plan: Vec<(String, String, Option<String>, Option<String>)> = Vec::with_capacity(sources.len());
+    // Copies whose `reply_count` may have changed: parents of copied replies, and copies of
+    // sources with replies (some may have been copied by earlier pages).
+    let mut recount: Vec<String> = Vec::new();
     let mut newest = i64::MIN;
     let mut failure = None;
     for (src, copy_id) in sources.iter().zip(copy_ids) {
@@ -180,6 +185,9 @@ async fn copy_messages(
             break;
         }
         newest = newest.max(src.created_at);
+        if src.has_replies {
+            recount.push(copy_id.clone());
+        }
         plan.push((
             src.id.clone(),
             copy_id,
@@ -209,16 +217,15 @@ async fn copy_messages(
         q.execute(&mut *tx.tx).await?;
     }
     let copied = plan.len() as i64;
-    let mut parents: Vec<String> = Vec::new();
     for (src, copy, parent, _) in plan {
-        parents.push(parent.unwrap_or_else(|| copy.clone()));
+        recount.extend(parent);
         map.insert(src, Value::String(copy));
     }
-    // `reply_count` of a copy counts its copied replies; replies arrive before their parents
-    // (newest first), so recount the parents this batch touched.
-    parents.sort();
-    parents.dedup();
-    for chunk in parents.chunks(500) {
+    // `reply_count` of a copy counts its copied replies; replies usually arrive before their
+    // parents (newest first), so recount the parents this batch touched.
+    recount.sort();
+    recount.dedup();
+    for chunk in recount.chunks(500) {
         let sql = format!(
             "UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id) WHERE id IN ({})",
             params(backend, 1, chunk.len())
