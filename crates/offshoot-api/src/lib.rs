@@ -26,6 +26,7 @@ use axum::Router;
 use offshoot_core::render::Dialect;
 use offshoot_store::Store;
 use std::time::Instant;
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{Any, CorsLayer};
 
 pub use state::ApiState;
@@ -105,7 +106,12 @@ pub fn router(state: ApiState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state);
-    Router::new().merge(api).merge(health_router(store)).layer(middleware::from_fn(stamp)).layer(cors())
+    Router::new()
+        .merge(api)
+        .merge(health_router(store))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(middleware::from_fn(stamp))
+        .layer(cors())
 }
 
 /// `GET /healthz` alone (roles without the API still answer it).
@@ -121,6 +127,13 @@ async fn healthz(axum::extract::State(store): axum::extract::State<Store>) -> Re
             (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "unavailable"}))).into_response()
         }
     }
+}
+
+/// A bug that panics in a handler answers Stream's 500 envelope; the server keeps running.
+fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let what = err.downcast_ref::<String>().map(String::as_str).or_else(|| err.downcast_ref::<&str>().copied()).unwrap_or("unknown panic");
+    tracing::error!(panic = what, "a request handler panicked");
+    ApiError(offshoot_core::Error::internal()).into_response()
 }
 
 fn cors() -> CorsLayer {
