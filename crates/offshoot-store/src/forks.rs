@@ -634,11 +634,16 @@ impl Store {
                 }
                 None => false,
             };
-            let binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
-            let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}"))), &binds)
-                .fetch_one(&mut *tx.tx)
-                .await?;
-            let total = rows::get_i64(&row, "n")?;
+            // With a boundary, exactly MAX_COPIED eligible messages lie at or after it.
+            let total = match &boundary {
+                Some(_) => plan::MAX_COPIED,
+                None => {
+                    let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+                    let sql = format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}");
+                    let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_one(&mut *tx.tx).await?;
+                    rows::get_i64(&row, "n")?
+                }
+            };
             sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
                 .bind(true)
                 .bind(boundary.as_ref().map(|b| b.0))
