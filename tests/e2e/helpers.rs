@@ -681,6 +681,21 @@ impl ServerProcess {
         ServerProcess { client, child, log }
     }
 
+    /// SIGTERM, then waits (bounded) for the process to exit; returns its exit status.
+    pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id().to_string();
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
     /// SIGKILL: no graceful shutdown, no chance to finish a page.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -16,6 +16,7 @@ mod auth;
 mod chat;
 mod dialects;
 mod fork;
+mod process;
 mod visibility;
 mod webhooks;
 mod ws;
