@@ -28,7 +28,7 @@ async fn the_first_start_without_a_key_pair_generates_one_prints_it_and_reuses_i
     };
 
     // First start: the pair is printed; it works against the API.
-    let mut child = run(port);
+    let child = run(port);
     let client = Client::new(format!("http://127.0.0.1:{port}"));
     client.wait_healthy(|| Ok(())).await;
     let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
