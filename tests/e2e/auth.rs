@@ -169,3 +169,52 @@ async fn a_user_cannot_use_server_only_endpoints() {
     app.patch("/app", &app.user("u1"), json!({"fork_enabled": false})).await.err(403, 17);
     app.put("/channeltypes/agent", &app.user("u1"), json!({"max_message_length": 10})).await.err(403, 17);
 }
+
+#[tokio::test]
+async fn an_anonymous_caller_reads_nothing_and_writes_nothing() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    app.channel("agent:anon", "u1", &["u1"]).await;
+    let anon = |method: reqwest::Method, path: &str| app.http.request(method, app.url(path)).header("stream-auth-type", "anonymous");
+    let r = app.send(anon(reqwest::Method::POST, "/channels").json(&json!({"filter_conditions": {"type": "agent"}}))).await.ok();
+    assert_eq!(r["channels"], json!([]), "anonymous users are members of nothing: {r}");
+    app.send(anon(reqwest::Method::POST, "/channels/agent/anon/query").json(&json!({"state": true}))).await.err(403, 17);
+    app.send(anon(reqwest::Method::POST, "/channels/agent/anon/message").json(&json!({"message": {"text": "hi"}}))).await.err(403, 17);
+    // Without stream-auth-type: anonymous, a missing token is an auth error.
+    app.send(app.http.request(reqwest::Method::POST, app.url("/channels")).json(&json!({}))).await.err(401, 5);
+}
+
+#[tokio::test]
+async fn a_guest_gets_a_token_for_a_guest_user_that_cannot_create_channels() {
+    let app = TestApp::spawn().await;
+    // JS `setGuestUser` asks for the token anonymously, with the api key alone.
+    let rb = app.http.request(reqwest::Method::POST, app.url("/guest")).header("stream-auth-type", "anonymous");
+    let r = app.send(rb.json(&json!({"user": {"id": "visitor", "name": "V"}}))).await.ok();
+    let token = r["access_token"].as_str().expect("access_token").to_string();
+    let guest_id = r["user"]["id"].as_str().expect("user.id").to_string();
+    assert_eq!(r["user"]["role"], json!("guest"), "{r}");
+    assert_eq!(r["user"]["name"], json!("V"));
+    let claims = offshoot_core::token::verify(&token, API_SECRET, unix_secs()).expect("a token signed with the app secret");
+    assert_eq!(claims.user_id.as_deref(), Some(guest_id.as_str()));
+    app.post("/channels/agent/g1/query", &token, json!({"data": {"members": [guest_id]}})).await.err(403, 17);
+}
+
+#[tokio::test]
+async fn cors_preflight_allows_the_headers_the_sdks_send() {
+    let app = TestApp::spawn().await;
+    let resp = app
+        .http
+        .request(reqwest::Method::OPTIONS, app.url("/channels"))
+        .header("Origin", "http://localhost:5173")
+        .header("Access-Control-Request-Method", "POST")
+        .header("Access-Control-Request-Headers", "authorization,stream-auth-type,x-stream-client,x-client-request-id,content-type")
+        .send()
+        .await
+        .expect("preflight");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let allowed = resp.headers().get("access-control-allow-headers").and_then(|v| v.to_str().ok()).unwrap_or_default().to_lowercase();
+    for h in ["authorization", "stream-auth-type", "x-stream-client", "x-client-request-id", "content-type"] {
+        assert!(allowed.contains(h), "{h} is allowed: {allowed}");
+    }
+    assert!(resp.headers().get("access-control-allow-origin").is_some());
+}
