@@ -107,6 +107,9 @@ async fn a_message_new_webhook_is_signed_with_the_api_secret_and_carries_streams
     assert_eq!(hook.body["cid"], json!(cid), "{}", hook.body);
     assert_eq!(hook.body["message"]["text"], json!("ping the hook"), "{}", hook.body);
     assert!(hook.body["created_at"].is_string(), "webhooks use the legacy dialect by default: {}", hook.body);
+    let members: Vec<&str> =
+        hook.body["members"].as_array().map(|a| a.iter().filter_map(|m| m["user_id"].as_str()).collect()).unwrap_or_default();
+    assert_eq!(members, vec!["u1"], "message events carry the channel's members: {}", hook.body);
 }
 
 #[tokio::test]

@@ -269,8 +269,20 @@ async fn deliver(ctx: &Ctx, dialect: Dialect, id: String, ev: OutboxEvent, url: 
     }
 }
 
+fn carries_members(kind: &str) -> bool {
+    ["message.", "channel.", "member.", "reaction."].iter().any(|p| kind.starts_with(p))
+}
+
 async fn post(ctx: &Ctx, dialect: Dialect, id: &str, ev: &OutboxEvent, url: &str, attempt: i64) -> Outcome {
-    let body = match serde_json::to_vec(&render::event(dialect, &ev.event)) {
+    let mut value = render::event(dialect, &ev.event);
+    // Like Stream, message and channel events carry the channel's members (up to 50).
+    if let Some(cid) = ev.event.cid.as_deref().filter(|_| carries_members(&ev.event.kind)) {
+        match ctx.store.members(cid, 50, 0).await {
+            Ok(members) => value["members"] = members.iter().map(|m| render::member(dialect, m)).collect(),
+            Err(e) => return Outcome::Retry { reason: format!("loading the channel's members failed: {e}"), max_attempts: 3 },
+        }
+    }
+    let body = match serde_json::to_vec(&value) {
         Ok(b) => b,
         Err(e) => return Outcome::GiveUp(format!("rendering the event failed: {e}")),
     };
