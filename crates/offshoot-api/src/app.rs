@@ -6,7 +6,7 @@ use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_list, str_opt};
 use crate::state::ApiState;
 use axum::extract::{Path, State};
 use axum::Json;
-use offshoot_core::model::{AppSettings, Viewer};
+use offshoot_core::model::AppSettings;
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, token, Error};
 use offshoot_store::UserInput;
@@ -321,6 +321,5 @@ pub async fn put_channel_type(State(st): State<ApiState>, ctx: Ctx, Path(name): 
     if let Value::Object(o) = &mut v {
         o.insert("duration".into(), crate::duration().into());
     }
-    let _ = Viewer::Server;
     Ok(Json(v))
 }

@@ -3,7 +3,7 @@
 use crate::channels::{self, load, parse_path, require_read, DEFAULT_MESSAGE_LIMIT};
 use crate::ctx::{Body, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt, get, obj_opt, str_opt, Obj};
+use crate::input::{self, bool_opt, get, obj_opt, Obj};
 use crate::state::ApiState;
 use axum::extract::{Path, State};
 use axum::Json;
@@ -399,6 +399,5 @@ pub async fn get_thread(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<Str
     }
     let reply_limit = ctx.q("reply_limit").and_then(|l| l.parse().ok()).unwrap_or(10);
     let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &Page { limit: reply_limit, dir: PageDir::Latest }).await?;
-    let _ = str_opt;
     Ok(ctx.ok(json!({"thread": thread_state(ctx.dialect, &parent, &replies, &ch)})))
 }
