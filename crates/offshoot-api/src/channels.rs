@@ -237,8 +237,7 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
                     members.push(MemberInput { user_id: id.clone(), ..Default::default() });
                 }
             }
-            let mut custom = input::custom(&data, CHANNEL_DATA_KNOWN)?;
-            custom.remove("name").map(|n| custom.insert("name".into(), n));
+            let custom = input::custom(&data, CHANNEL_DATA_KNOWN)?;
             let new = NewChannel {
                 kind: kind.to_string(),
                 id: id.to_string(),
