@@ -623,3 +623,28 @@ async fn a_user_cannot_send_as_someone_else() {
         r.err(403, 17);
     }
 }
+
+#[tokio::test]
+async fn query_channels_filters_by_team_and_by_equality_on_custom_fields() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    app.channel_with("agent:t1", json!({"created_by_id": "u1", "team": "red", "tenant_id": "acme", "tier": 2})).await;
+    app.channel_with("agent:t2", json!({"created_by_id": "u1", "team": "blue", "tenant_id": "acme", "tier": 3})).await;
+    app.channel_with("agent:t3", json!({"created_by_id": "u1", "custom": {"tenant_id": "acme_x", "note": {"tenant_id": "other"}}})).await;
+    app.channel_with("agent:t4", json!({"created_by_id": "u1", "custom": {"note": {"tenant_id": "acme"}, "tenant_id": "other"}})).await;
+    let q = |filter: Value| {
+        let app = &app;
+        async move {
+            let body = json!({"filter_conditions": filter, "sort": [{"field": "cid", "direction": 1}]});
+            let r = app.post("/channels", &app.server(), body).await.ok();
+            r["channels"].as_array().unwrap().iter().map(|c| c["channel"]["cid"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(q(json!({"team": "red"})).await, vec!["agent:t1"]);
+    assert_eq!(q(json!({"team": {"$in": ["red", "blue"]}})).await, vec!["agent:t1", "agent:t2"]);
+    assert_eq!(q(json!({"tenant_id": "acme"})).await, vec!["agent:t1", "agent:t2"], "an underscore in the value is not a wildcard");
+    assert_eq!(q(json!({"tenant_id": {"$eq": "acme"}, "tier": 3})).await, vec!["agent:t2"]);
+    assert_eq!(q(json!({"tier": 2})).await, vec!["agent:t1"]);
+    assert_eq!(q(json!({"tenant_id": "nobody"})).await, Vec::<String>::new());
+    app.post("/channels", &app.server(), json!({"filter_conditions": {"tenant_id": {"$gt": "a"}}})).await.err(400, 4);
+}

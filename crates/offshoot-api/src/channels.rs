@@ -536,6 +536,41 @@ fn filter_values(key: &str, v: &Value) -> Result<Vec<String>, Error> {
     }
 }
 
+/// Fields of the channel row; everything else in a filter is a custom field.
+const CHANNEL_FILTER_FIELDS: &[&str] = &[
+    "type",
+    "cid",
+    "id",
+    "members",
+    "created_by_id",
+    "team",
+    "frozen",
+    "disabled",
+    "created_at",
+    "updated_at",
+    "last_message_at",
+    "member_count",
+    "hidden",
+    "joined",
+    "muted",
+    "pinned",
+    "archived",
+    "last_updated",
+    "has_unread",
+];
+
+/// `{"key": scalar}` or `{"key": {"$eq": scalar}}` on a custom field.
+fn custom_scalar(key: &str, v: &Value) -> Option<Value> {
+    if CHANNEL_FILTER_FIELDS.contains(&key) || key.starts_with('$') {
+        return None;
+    }
+    let v = match v {
+        Value::Object(op) if op.len() == 1 => op.get("$eq")?,
+        other => other,
+    };
+    matches!(v, Value::String(_) | Value::Number(_) | Value::Bool(_)).then(|| v.clone())
+}
+
 /// `POST /channels`: Query Channels.
 pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
     let filter = obj_opt(&body, "filter_conditions")?.or(obj_opt(&body, "filter")?).cloned().unwrap_or_default();
@@ -560,12 +595,17 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
         }
     }
     for (k, v) in &conds {
+        if let Some(value) = custom_scalar(k, v) {
+            f.custom_eq.push((k.clone(), value));
+            continue;
+        }
         let values = filter_values(k, v)?;
         match k.as_str() {
             "type" => f.types = Some(values),
             "cid" => f.cids = Some(values),
             "id" => f.ids = Some(values),
             "created_by_id" => f.created_by_ids = Some(values),
+            "team" => f.teams = Some(values),
             "members" => {
                 let is_eq = matches!(v, Value::Array(_)) || matches!(v, Value::Object(o) if o.contains_key("$eq"));
                 if is_eq {
@@ -576,7 +616,7 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
             }
             other => {
                 return Err(Error::input(format!(
-                    "query channels does not support filtering on {other:?}: use type, cid, id, members or created_by_id"
+                    "query channels does not support filtering on {other:?}: use type, cid, id, members, created_by_id, team, or $eq on a custom field"
                 ))
                 .into())
             }

@@ -47,6 +47,9 @@ pub struct ChannelFilter {
     pub created_by_ids: Option<Vec<String>>,
     /// Restricts the result to channels this user is a member of (client-side callers).
     pub member_of: Option<String>,
+    pub teams: Option<Vec<String>>,
+    /// Custom fields that must equal a scalar (string, number or boolean), e.g. `tenant_id`.
+    pub custom_eq: Vec<(String, serde_json::Value)>,
     /// `(column, descending)`; allowed columns are checked by the caller.
     pub sort: Vec<(String, bool)>,
     pub limit: i64,
@@ -301,6 +304,27 @@ impl Store {
         if let Some(uid) = &f.member_of {
             binds.push(uid.clone());
             sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = ${})", binds.len()));
+        }
+        if let Some(v) = &f.teams {
+            list(&mut sql, "c.team", v, &mut binds);
+        }
+        for (key, value) in &f.custom_eq {
+            if key.contains('"') {
+                return domain(Error::input(format!("custom field name {key:?} cannot contain quotes")));
+            }
+            // Compare the field's JSON value with the filter's, by each engine's JSON operator.
+            match self.backend() {
+                crate::Backend::Sqlite => {
+                    binds.push(format!("$.\"{key}\""));
+                    binds.push(value.to_string());
+                    sql.push_str(&format!(" AND (c.custom -> ${}) = ${}", binds.len() - 1, binds.len()));
+                }
+                crate::Backend::Postgres => {
+                    binds.push(key.clone());
+                    binds.push(value.to_string());
+                    sql.push_str(&format!(" AND (c.custom::jsonb -> ${}) = CAST(${} AS jsonb)", binds.len() - 1, binds.len()));
+                }
+            }
         }
         let mut order: Vec<String> = f.sort.iter().map(|(col, desc)| format!("{col} {}", if *desc { "DESC" } else { "ASC" })).collect();
         order.push("c.cid ASC".into());
