@@ -218,3 +218,21 @@ async fn cors_preflight_allows_the_headers_the_sdks_send() {
     }
     assert!(resp.headers().get("access-control-allow-origin").is_some());
 }
+
+#[tokio::test]
+async fn custom_data_over_5_kib_on_users_and_channels_is_rejected_and_nothing_is_written() {
+    let app = TestApp::spawn().await;
+    let big = "x".repeat(6 * 1024);
+    let r = app.post("/users", &app.server(), json!({"users": {"fat": {"id": "fat", "bio": big}}})).await.err(400, 4);
+    assert!(r["message"].as_str().unwrap_or_default().contains("custom data"), "{r}");
+    let r = app.post("/users", &app.server(), json!({"users": {"fat": {"id": "fat"}}})).await.ok();
+    assert!(r["users"]["fat"].get("bio").is_none(), "the rejected upsert wrote nothing: {r}");
+    app.users(&["u1"]).await;
+    app.post("/channels/agent/fat/query", &app.server(), json!({"data": {"created_by_id": "u1", "blob": big}})).await.err(400, 4);
+    app.channel("agent:slim", "u1", &["u1"]).await;
+    app.patch("/channels/agent/slim", &app.server(), json!({"set": {"blob": big}})).await.err(400, 4);
+    let state = app.post("/channels/agent/slim/query", &app.server(), json!({"state": true})).await.ok();
+    assert!(state["channel"].get("blob").is_none(), "{state}");
+    let found = app.post("/channels", &app.server(), json!({"filter_conditions": {"cid": "agent:fat"}})).await.ok();
+    assert_eq!(found["channels"], json!([]), "the rejected channel was not created: {found}");
+}

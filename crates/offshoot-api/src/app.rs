@@ -56,7 +56,7 @@ fn user_input(v: &Value) -> Result<UserInput, Error> {
         language: str_opt(o, "language")?,
         teams: str_list(o, "teams")?,
         invisible: bool_opt(o, "invisible")?,
-        custom: input::custom(o, USER_KNOWN)?,
+        custom: input::limited(input::custom(o, USER_KNOWN)?, "user")?,
     })
 }
 

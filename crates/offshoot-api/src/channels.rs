@@ -237,7 +237,7 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
                     members.push(MemberInput { user_id: id.clone(), ..Default::default() });
                 }
             }
-            let custom = input::custom(&data, CHANNEL_DATA_KNOWN)?;
+            let custom = input::limited(input::custom(&data, CHANNEL_DATA_KNOWN)?, "channel")?;
             let new = NewChannel {
                 kind: kind.to_string(),
                 id: id.to_string(),
@@ -309,7 +309,7 @@ pub async fn update_channel(
     require_manage(&ctx, &ch)?;
     let actor = actor(&st, &ctx, &body).await?;
     if let Some(data) = obj_opt(&body, "data")? {
-        let custom = input::custom(data, CHANNEL_DATA_KNOWN)?;
+        let custom = input::limited(input::custom(data, CHANNEL_DATA_KNOWN)?, "channel")?;
         ch = st
             .store
             .update_channel(&cid, Some(&custom), str_opt(data, "team")?.as_deref(), bool_opt(data, "frozen")?, actor.as_ref())

@@ -83,7 +83,7 @@ pub async fn fork_channel(
     if let Some(v) = get(target, "name") {
         custom.entry("name").or_insert(v.clone());
     }
-    let req = ForkRequest {
+    let mut req = ForkRequest {
         source_cid: source_cid.clone(),
         message_id,
         target_id,
@@ -95,6 +95,7 @@ pub async fn fork_channel(
         inherit_data: input::str_list(&body, "inherit_data")?.unwrap_or_default(),
         require_finished: bool_opt(&body, "require_finished")?.unwrap_or(false),
     };
+    req.custom = input::limited(std::mem::take(&mut req.custom), "channel")?;
     let outcome = st.store.create_fork(&req).await?;
     if outcome.fork.status == ForkStatus::Backfilling {
         st.fork_wake.notify_one();

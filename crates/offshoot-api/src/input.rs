@@ -102,6 +102,18 @@ pub fn custom(o: &Obj, known: &[&str]) -> R<Custom> {
     Ok(out)
 }
 
+/// Custom data of users and channels is limited like messages' (5 KiB serialised).
+pub fn limited(custom: Custom, what: &str) -> R<Custom> {
+    let size = serde_json::to_vec(&custom).map(|v| v.len()).unwrap_or(usize::MAX);
+    if size > offshoot_core::fork::MAX_CUSTOM_BYTES {
+        return Err(Error::input(format!(
+            "{what} custom data is {size} bytes; at most {} are allowed",
+            offshoot_core::fork::MAX_CUSTOM_BYTES
+        )));
+    }
+    Ok(custom)
+}
+
 /// `user_id`, `user.id` or `user: "id"`, validated.
 pub fn actor_id(o: &Obj) -> R<Option<String>> {
     if let Some(id) = str_opt(o, "user_id")? {

@@ -181,6 +181,9 @@ impl Store {
                 ch.custom.remove(k);
             }
         }
+        if serde_json::to_vec(&ch.custom)?.len() > offshoot_core::fork::MAX_CUSTOM_BYTES {
+            return domain(Error::input(format!("channel custom data would exceed {} bytes", offshoot_core::fork::MAX_CUSTOM_BYTES)));
+        }
         write_channel_fields(&mut tx, &ch).await?;
         let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
         tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;

@@ -93,6 +93,12 @@ impl Store {
                 }
             }
         }
+        if serde_json::to_vec(&user.custom)?.len() > offshoot_core::fork::MAX_CUSTOM_BYTES {
+            return crate::domain(offshoot_core::Error::input(format!(
+                "user custom data would exceed {} bytes",
+                offshoot_core::fork::MAX_CUSTOM_BYTES
+            )));
+        }
         user.updated_at = time::now();
         write_user(&mut tx, &user, true).await?;
         tx.commit(self).await?;
