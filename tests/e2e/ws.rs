@@ -355,3 +355,37 @@ async fn closing_the_socket_ends_its_watches() {
     assert_eq!(ev["message_id"], json!(m), "{ev}");
     assert_eq!(ev["watcher_count"], json!(1), "alice's closed connection no longer watches: {ev}");
 }
+
+#[tokio::test]
+async fn with_api_and_ws_in_separate_servers_a_watch_made_through_the_api_reaches_the_ws_server() {
+    // The ws role holds the socket; the api role (another server on the same database) takes
+    // the watch query and relays it through the outbox.
+    let ws_server = TestApp::spawn_with(|c| c.roles = offshoot::Roles { api: false, ws: true, worker: false }).await;
+    let api = TestApp::spawn_on(ws_server.db.clone(), |c| c.roles = offshoot::Roles { api: true, ws: false, worker: true }).await;
+    api.users(&["alice", "bob"]).await;
+    let cid = "agent:split";
+    api.channel(cid, "bob", &["alice", "bob"]).await;
+    let (mut ws, conn) = connect_user(&ws_server, "alice").await;
+    watch(&api, cid, "alice", &conn).await;
+
+    let m = api.say(cid, "bob", "across processes").await;
+    let ev = next_event(&mut ws, "message.new").await;
+    assert_eq!(ev["message_id"], json!(m), "{ev}");
+
+    // Stop watching through the api server: later messages no longer arrive, and the relay
+    // events themselves are never pushed to clients.
+    api.post(&format!("{}/stop-watching?connection_id={conn}", channel_path(cid)), &api.user("alice"), json!({})).await.ok();
+    api.say(cid, "bob", "after stop-watching").await;
+    let other = "agent:split-marker";
+    api.channel(other, "bob", &["alice", "bob"]).await;
+    watch(&api, other, "alice", &conn).await;
+    let marker = api.say(other, "bob", "marker").await;
+    loop {
+        let ev = next_json(&mut ws).await;
+        assert!(!ev["type"].as_str().unwrap_or_default().starts_with("offshoot."), "relay events stay internal: {ev}");
+        assert_ne!(ev["message"]["text"], json!("after stop-watching"), "no events after stop-watching: {ev}");
+        if ev["type"] == json!("message.new") && ev["message_id"] == json!(marker) {
+            break;
+        }
+    }
+}

@@ -7,7 +7,7 @@ use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_opt, Obj};
 use crate::state::ApiState;
 use axum::extract::{Path, State};
 use axum::Json;
-use offshoot_core::model::{Audience, Channel, Event, User, Viewer};
+use offshoot_core::model::{Audience, Channel, Event, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::render;
 use offshoot_core::{ids, perm, time, Error};
 use offshoot_store::{ChannelFilter, MemberInput, NewChannel, Page, PageDir};
@@ -250,7 +250,7 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
             ch
         }
     };
-    watch_if_asked(st, ctx, body, cid)?;
+    watch_if_asked(st, ctx, body, cid).await?;
     let page = page_of(obj_opt(body, "messages")?, DEFAULT_MESSAGE_LIMIT)?;
     let member_limit =
         obj_opt(body, "members")?.map(|m| i64_opt(m, "limit")).transpose()?.flatten().unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
@@ -258,13 +258,25 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
     Ok(ctx.ok(Value::Object(state)))
 }
 
-fn watch_if_asked(st: &ApiState, ctx: &Ctx, body: &Obj, cid: &str) -> Result<(), Error> {
+async fn watch_if_asked(st: &ApiState, ctx: &Ctx, body: &Obj, cid: &str) -> Result<(), Error> {
     if bool_opt(body, "watch")?.unwrap_or(false) || bool_opt(body, "presence")?.unwrap_or(false) {
         let conn = ctx.q("connection_id").map(str::to_string).or(str_opt(body, "connection_id")?);
         if let Some(conn) = conn {
-            st.watchers.watch(&conn, cid);
+            if !st.watchers.watch(&conn, cid) {
+                // The connection lives in another process (the ws role): tell it through the
+                // outbox, ahead of every event that follows.
+                relay_watch(st, WATCH_EVENT, &conn, cid).await?;
+            }
         }
     }
+    Ok(())
+}
+
+async fn relay_watch(st: &ApiState, kind: &str, connection_id: &str, cid: &str) -> Result<(), Error> {
+    let mut extra = Map::new();
+    extra.insert("connection_id".into(), connection_id.into());
+    let event = Event { kind: kind.into(), cid: Some(cid.to_string()), extra, created_at: time::now(), ..Default::default() };
+    st.store.publish(event, Audience::default()).await?;
     Ok(())
 }
 
@@ -276,7 +288,9 @@ pub async fn stop_watching(
 ) -> ApiResult<Json<Value>> {
     let (_, _, cid) = parse_path(&kind, &id)?;
     if let Some(conn) = ctx.q("connection_id").map(str::to_string).or(str_opt(&body, "connection_id")?) {
-        st.watchers.unwatch(&conn, &cid);
+        if !st.watchers.unwatch(&conn, &cid) {
+            relay_watch(&st, UNWATCH_EVENT, &conn, &cid).await?;
+        }
     }
     Ok(ctx.ok(json!({})))
 }
@@ -658,7 +672,7 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
     let member_limit = i64_opt(&body, "member_limit")?.unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
     let mut out = Vec::new();
     for ch in &channels {
-        watch_if_asked(&st, &ctx, &body, &ch.cid)?;
+        watch_if_asked(&st, &ctx, &body, &ch.cid).await?;
         out.push(Value::Object(channel_state(&st, &ctx, ch, &Page { limit: msg_limit, dir: PageDir::Latest }, member_limit).await?));
     }
     Ok(ctx.ok(json!({"channels": out})))

@@ -354,9 +354,15 @@ pub struct Task {
 pub trait Watchers: Send + Sync {
     /// Subscribes `connection_id` to `cid`. False when this process holds no such connection.
     fn watch(&self, connection_id: &str, cid: &str) -> bool;
-    fn unwatch(&self, connection_id: &str, cid: &str);
+    /// Unsubscribes; false when this process holds no such connection.
+    fn unwatch(&self, connection_id: &str, cid: &str) -> bool;
     fn watcher_count(&self, cid: &str) -> usize;
 }
+
+/// Outbox events that carry watch registrations to the WebSocket role when it runs in another
+/// process (`extra.connection_id`, `cid`). They are never delivered to clients or webhooks.
+pub const WATCH_EVENT: &str = "offshoot.watch";
+pub const UNWATCH_EVENT: &str = "offshoot.unwatch";
 
 /// No WebSocket role in this process: watching is a no-op.
 pub struct NoWatchers;
@@ -365,7 +371,9 @@ impl Watchers for NoWatchers {
     fn watch(&self, _: &str, _: &str) -> bool {
         false
     }
-    fn unwatch(&self, _: &str, _: &str) {}
+    fn unwatch(&self, _: &str, _: &str) -> bool {
+        false
+    }
     fn watcher_count(&self, _: &str) -> usize {
         0
     }

@@ -17,7 +17,7 @@ mod conn;
 use axum::extract::ws::Utf8Bytes;
 use axum::routing::get;
 use axum::Router;
-use offshoot_core::model::{Event, OutboxEvent, Watchers};
+use offshoot_core::model::{Event, OutboxEvent, Watchers, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::render::{self, Dialect};
 use offshoot_store::Store;
 use serde_json::Value;
@@ -161,6 +161,18 @@ impl Hub {
         if ev.event.kind.is_empty() {
             return;
         }
+        // Watches registered by an API process that does not hold the connection.
+        if ev.event.kind == WATCH_EVENT || ev.event.kind == UNWATCH_EVENT {
+            let conn = ev.event.extra.get("connection_id").and_then(|v| v.as_str());
+            if let (Some(conn), Some(cid)) = (conn, ev.event.cid.as_deref()) {
+                if ev.event.kind == WATCH_EVENT {
+                    self.watch(conn, cid);
+                } else {
+                    self.unwatch(conn, cid);
+                }
+            }
+            return;
+        }
         let mut dropped = Vec::new();
         {
             let reg = self.read();
@@ -240,12 +252,17 @@ impl Watchers for Hub {
         true
     }
 
-    fn unwatch(&self, connection_id: &str, cid: &str) {
+    fn unwatch(&self, connection_id: &str, cid: &str) -> bool {
         let mut reg = self.write();
-        if let Some(conn) = reg.conns.get_mut(connection_id) {
-            conn.watching.remove(cid);
-        }
+        let local = match reg.conns.get_mut(connection_id) {
+            Some(conn) => {
+                conn.watching.remove(cid);
+                true
+            }
+            None => false,
+        };
         remove_from(&mut reg.watchers, cid, connection_id);
+        local
     }
 
     fn watcher_count(&self, cid: &str) -> usize {
