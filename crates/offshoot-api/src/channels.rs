@@ -13,7 +13,13 @@ use offshoot_core::{ids, perm, time, Error};
 use offshoot_store::{ChannelFilter, MemberInput, NewChannel, Page, PageDir};
 use serde_json::{json, Map, Value};
 
-pub const DEFAULT_MESSAGE_LIMIT: i64 = 25;
+/// Messages in a channel state when the query names no limit. JS `stream-chat` sends none on
+/// `watch()` and treats fewer than 100 as "no older page", so the default is 100.
+pub const DEFAULT_MESSAGE_LIMIT: i64 = 100;
+/// Messages per channel in Query Channels when `message_limit` is absent (JS assumes 25).
+pub const DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT: i64 = 25;
+/// Replies per page when the request names no limit.
+pub const DEFAULT_REPLY_LIMIT: i64 = 25;
 pub const DEFAULT_MEMBER_LIMIT: i64 = 100;
 
 pub(crate) fn parse_path(kind: &str, id: &str) -> Result<(String, String, String), Error> {
@@ -668,7 +674,7 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
         Viewer::Anonymous { .. } => return Ok(ctx.ok(json!({"channels": []}))),
     }
     let channels = st.store.query_channels(&f).await?;
-    let msg_limit = i64_opt(&body, "message_limit")?.unwrap_or(DEFAULT_MESSAGE_LIMIT).clamp(0, 300);
+    let msg_limit = i64_opt(&body, "message_limit")?.unwrap_or(DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT).clamp(0, 300);
     let member_limit = i64_opt(&body, "member_limit")?.unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
     let mut out = Vec::new();
     for ch in &channels {

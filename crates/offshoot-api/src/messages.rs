@@ -1,6 +1,6 @@
 //! Messages, replies, reactions and threads.
 
-use crate::channels::{self, load, parse_path, require_read, DEFAULT_MESSAGE_LIMIT};
+use crate::channels::{self, load, parse_path, require_read, DEFAULT_REPLY_LIMIT};
 use crate::ctx::{Body, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, bool_opt, get, obj_opt, Obj};
@@ -288,7 +288,7 @@ fn page_from_query(ctx: &Ctx, default_limit: i64) -> Result<Page, Error> {
 /// `GET /messages/{id}/replies`.
 pub async fn get_replies(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let (parent, ch) = visible_message(&st, &ctx, &id).await?;
-    let page = page_from_query(&ctx, DEFAULT_MESSAGE_LIMIT)?;
+    let page = page_from_query(&ctx, DEFAULT_REPLY_LIMIT)?;
     let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
     Ok(ctx.ok(json!({"messages": replies.iter().map(|m| render::message(ctx.dialect, m)).collect::<Vec<_>>()})))
 }
