@@ -93,8 +93,19 @@ impl Default for Config {
 impl Config {
     /// Defaults, then the environment (`OFFSHOOT_*`, `DATABASE_URL`). Reads only; validates.
     pub fn from_env() -> anyhow::Result<Config> {
+        Self::load(None)
+    }
+
+    /// Defaults, then a config file in env-file form (`KEY=value` lines, `#` comments, as
+    /// `offshoot.env.example`), then the environment, which wins. Reads only; validates.
+    pub fn load(file: Option<&std::path::Path>) -> anyhow::Result<Config> {
+        let mut from_file = std::collections::HashMap::new();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading the config file {}", path.display()))?;
+            from_file = parse_env_file(&text).with_context(|| format!("in the config file {}", path.display()))?;
+        }
+        let var = |k: &str| std::env::var(k).ok().or_else(|| from_file.get(k).cloned()).filter(|v| !v.is_empty());
         let mut c = Config::default();
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         if let Some(v) = var("OFFSHOOT_LISTEN") {
             c.listen = v;
         }
@@ -115,6 +126,54 @@ impl Config {
             c.backfill_page_delay = Duration::from_millis(v.parse().context("OFFSHOOT_BACKFILL_PAGE_DELAY_MS must be a number")?);
         }
         Ok(c)
+    }
+}
+
+/// `KEY=value` lines; blank lines and `#` comments are skipped; values may be quoted.
+fn parse_env_file(text: &str) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    let mut out = std::collections::HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let (k, v) = line.split_once('=').with_context(|| format!("line {}: expected KEY=value", n + 1))?;
+        let v = v.trim();
+        let v = v
+            .strip_prefix('"')
+            .and_then(|x| x.strip_suffix('"'))
+            .or_else(|| v.strip_prefix('\'').and_then(|x| x.strip_suffix('\'')))
+            .unwrap_or(v);
+        out.insert(k.trim().to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_files_parse_comments_quotes_and_export() {
+        let m = parse_env_file("# comment\n\nOFFSHOOT_LISTEN=127.0.0.1:4000\nexport DATABASE_URL=\"postgres://x\"\nOFFSHOOT_ROLES='api'\n")
+            .unwrap();
+        assert_eq!(m["OFFSHOOT_LISTEN"], "127.0.0.1:4000");
+        assert_eq!(m["DATABASE_URL"], "postgres://x");
+        assert_eq!(m["OFFSHOOT_ROLES"], "api");
+        assert!(parse_env_file("not a pair").is_err());
+    }
+
+    #[test]
+    fn a_config_file_is_read_and_validated() {
+        let path = std::env::temp_dir().join(format!("offshoot-config-{}.env", std::process::id()));
+        std::fs::write(&path, "OFFSHOOT_BACKFILL_PAGE_SIZE=250\nOFFSHOOT_ROLES=worker\n").unwrap();
+        let c = Config::load(Some(&path)).unwrap();
+        assert_eq!(c.backfill_page_size, 250);
+        assert_eq!(c.roles, Roles { api: false, ws: false, worker: true });
+        std::fs::write(&path, "OFFSHOOT_BACKFILL_PAGE_SIZE=0\n").unwrap();
+        assert!(Config::load(Some(&path)).is_err(), "a page size of 0 is refused");
+        std::fs::remove_file(&path).unwrap();
     }
 }
 

@@ -6,10 +6,11 @@ use tokio_util::sync::CancellationToken;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: offshoot serve [--listen ADDR] [--database-url URL] [--roles api,ws,worker]\n\n\
+        "usage: offshoot serve [--config FILE] [--listen ADDR] [--database-url URL] [--roles api,ws,worker]\n\n\
          Environment: OFFSHOOT_LISTEN (default 127.0.0.1:3000), DATABASE_URL (default sqlite://offshoot.db?mode=rwc),\n\
          OFFSHOOT_API_KEY / OFFSHOOT_API_SECRET (generated and stored on first start when unset), OFFSHOOT_ROLES,\n\
-         OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG."
+         OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG.\n\
+         --config FILE (or OFFSHOOT_CONFIG): the same keys as KEY=value lines; the environment wins."
     );
     std::process::exit(2)
 }
@@ -23,10 +24,16 @@ async fn main() -> anyhow::Result<()> {
     if args.next().as_deref() != Some("serve") {
         usage();
     }
-    let mut config = offshoot::Config::from_env()?;
+    let rest: Vec<String> = args.collect();
+    // The config file comes first: flags override it and the environment.
+    let file =
+        rest.iter().position(|a| a == "--config").and_then(|i| rest.get(i + 1)).cloned().or_else(|| std::env::var("OFFSHOOT_CONFIG").ok());
+    let mut config = offshoot::Config::load(file.as_deref().map(std::path::Path::new))?;
+    let mut args = rest.into_iter();
     while let Some(flag) = args.next() {
         let value = args.next().unwrap_or_else(|| usage());
         match flag.as_str() {
+            "--config" => {}
             "--listen" => config.listen = value,
             "--database-url" => config.database_url = value,
             "--roles" => config.roles = offshoot::Roles::parse(&value)?,
