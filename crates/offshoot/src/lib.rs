@@ -150,33 +150,6 @@ fn parse_env_file(text: &str) -> anyhow::Result<std::collections::HashMap<String
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn env_files_parse_comments_quotes_and_export() {
-        let m = parse_env_file("# comment\n\nOFFSHOOT_LISTEN=127.0.0.1:4000\nexport DATABASE_URL=\"postgres://x\"\nOFFSHOOT_ROLES='api'\n")
-            .unwrap();
-        assert_eq!(m["OFFSHOOT_LISTEN"], "127.0.0.1:4000");
-        assert_eq!(m["DATABASE_URL"], "postgres://x");
-        assert_eq!(m["OFFSHOOT_ROLES"], "api");
-        assert!(parse_env_file("not a pair").is_err());
-    }
-
-    #[test]
-    fn a_config_file_is_read_and_validated() {
-        let path = std::env::temp_dir().join(format!("offshoot-config-{}.env", std::process::id()));
-        std::fs::write(&path, "OFFSHOOT_BACKFILL_PAGE_SIZE=250\nOFFSHOOT_ROLES=worker\n").unwrap();
-        let c = Config::load(Some(&path)).unwrap();
-        assert_eq!(c.backfill_page_size, 250);
-        assert_eq!(c.roles, Roles { api: false, ws: false, worker: true });
-        std::fs::write(&path, "OFFSHOOT_BACKFILL_PAGE_SIZE=0\n").unwrap();
-        assert!(Config::load(Some(&path)).is_err(), "a page size of 0 is refused");
-        std::fs::remove_file(&path).unwrap();
-    }
-}
-
 /// Starts the configured roles on `listener` and runs until `shutdown` is cancelled; then
 /// drains in-flight requests (bounded) and returns.
 pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -236,4 +209,31 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
     store.close().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_files_parse_comments_quotes_and_export() {
+        let m = parse_env_file("# comment\n\nOFFSHOOT_LISTEN=127.0.0.1:4000\nexport DATABASE_URL=\"postgres://x\"\nOFFSHOOT_ROLES='api'\n")
+            .unwrap();
+        assert_eq!(m["OFFSHOOT_LISTEN"], "127.0.0.1:4000");
+        assert_eq!(m["DATABASE_URL"], "postgres://x");
+        assert_eq!(m["OFFSHOOT_ROLES"], "api");
+        assert!(parse_env_file("not a pair").is_err());
+    }
+
+    #[test]
+    fn a_config_file_is_read_and_validated() {
+        let path = std::env::temp_dir().join(format!("offshoot-config-{}.env", std::process::id()));
+        std::fs::write(&path, "OFFSHOOT_BACKFILL_PAGE_SIZE=250\nOFFSHOOT_ROLES=worker\n").unwrap();
+        let c = Config::load(Some(&path)).unwrap();
+        assert_eq!(c.backfill_page_size, 250);
+        assert_eq!(c.roles, Roles { api: false, ws: false, worker: true });
+        std::fs::write(&path, "OFFSHOOT_BACKFILL_PAGE_SIZE=0\n").unwrap();
+        assert!(Config::load(Some(&path)).is_err(), "a page size of 0 is refused");
+        std::fs::remove_file(&path).unwrap();
+    }
 }
