@@ -648,3 +648,28 @@ async fn query_channels_filters_by_team_and_by_equality_on_custom_fields() {
     assert_eq!(q(json!({"tenant_id": "nobody"})).await, Vec::<String>::new());
     app.post("/channels", &app.server(), json!({"filter_conditions": {"tenant_id": {"$gt": "a"}}})).await.err(400, 4);
 }
+
+#[tokio::test]
+async fn replies_accept_the_sort_forms_of_js_and_getstream_and_a_descending_sort_lists_newest_first() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    let cid = "agent:repsort";
+    app.channel(cid, "u1", &["u1"]).await;
+    let base = past_ns();
+    let p = app.say_at(cid, "u1", "p", base).await;
+    let r: Vec<String> = (0..3).map(|i| format!("rs{i}")).collect();
+    for (i, id) in r.iter().enumerate() {
+        app.reply_at(cid, "u1", &p, id, base + (i as i64 + 1) * 1_000_000).await;
+    }
+    let mut newest_first = r.clone();
+    newest_first.reverse();
+    // JS: a URL-encoded JSON array.
+    let js = "%5B%7B%22field%22%3A%22created_at%22%2C%22direction%22%3A-1%7D%5D";
+    let got = app.get(&format!("/messages/{p}/replies?sort={js}"), &app.server()).await.ok();
+    assert_eq!(ids(&got["messages"]), newest_first);
+    // getstream: each object percent-encoded on its own, and the whole value encoded again.
+    let gs = "%257B%2522direction%2522%253A%25201%252C%2520%2522field%2522%253A%2520%2522created_at%2522%257D";
+    let got = app.get(&format!("/messages/{p}/replies?sort={gs}"), &app.server()).await.ok();
+    assert_eq!(ids(&got["messages"]), r);
+    app.get(&format!("/messages/{p}/replies?sort=%5B%7B%22field%22%3A%22text%22%7D%5D"), &app.server()).await.err(400, 4);
+}

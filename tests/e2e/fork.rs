@@ -1120,3 +1120,16 @@ async fn a_backfill_killed_mid_way_resumes_after_a_restart_without_loss_or_dupli
     drop(second);
     drop(first);
 }
+
+#[tokio::test]
+async fn inherited_keys_that_would_make_the_forks_data_too_large_are_refused_and_nothing_is_created() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    let half = "y".repeat(3 * 1024);
+    app.channel_with("agent:heavy", json!({"created_by_id": "u1", "members": ["u1"], "notes": half})).await;
+    let m = app.say("agent:heavy", "u1", "hello").await;
+    let body = json!({"message_id": m, "channel": {"id": "heavy-fork", "data": {"more": half}}, "inherit_data": ["notes"]});
+    app.fork_with("agent:heavy", body).await.err(400, 4);
+    let found = app.post("/channels", &app.server(), json!({"filter_conditions": {"cid": "agent:heavy-fork"}})).await.ok();
+    assert_eq!(found["channels"], json!([]), "{found}");
+}

@@ -289,8 +289,32 @@ fn page_from_query(ctx: &Ctx, default_limit: i64) -> Result<Page, Error> {
 pub async fn get_replies(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let (parent, ch) = visible_message(&st, &ctx, &id).await?;
     let page = page_from_query(&ctx, DEFAULT_REPLY_LIMIT)?;
-    let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
+    let mut replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
+    if ctx.q("sort").map(sort_is_descending).transpose()?.unwrap_or(false) {
+        replies.reverse();
+    }
     Ok(ctx.ok(json!({"messages": replies.iter().map(|m| render::message(ctx.dialect, m)).collect::<Vec<_>>()})))
+}
+
+/// `sort` of replies as the SDKs send it: a JSON array (JS) or comma-separated,
+/// individually percent-encoded JSON objects (getstream). Only `created_at` can be sorted on;
+/// true when it is descending.
+fn sort_is_descending(raw: &str) -> Result<bool, Error> {
+    let bad = || Error::input("sort must be a list of {field, direction} on created_at");
+    let items: Vec<Value> = match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Array(a)) => a,
+        Ok(v @ Value::Object(_)) => vec![v],
+        _ => raw.split(',').map(|part| serde_json::from_str(&crate::ctx::decode(part)).map_err(|_| bad())).collect::<Result<_, _>>()?,
+    };
+    let mut desc = false;
+    for item in &items {
+        let Value::Object(o) = item else { return Err(bad()) };
+        match o.get("field").and_then(Value::as_str) {
+            Some("created_at") => desc = o.get("direction").and_then(Value::as_i64).unwrap_or(1) < 0,
+            _ => return Err(bad()),
+        }
+    }
+    Ok(desc)
 }
 
 /// `POST /messages/{id}/reaction`.

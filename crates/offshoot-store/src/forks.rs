@@ -500,6 +500,12 @@ impl Store {
             },
             members: Vec::new(),
         };
+        if serde_json::to_vec(&new.custom)?.len() > plan::MAX_CUSTOM_BYTES {
+            return domain(Error::input(format!(
+                "the fork's channel data (with the inherited keys) would exceed {} bytes",
+                plan::MAX_CUSTOM_BYTES
+            )));
+        }
         // A unique violation here means another request created the channel since we looked;
         // `create_fork` looks again.
         insert_channel_row(&mut tx, &fork_cid, &new, now).await?;
