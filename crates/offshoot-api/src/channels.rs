@@ -309,6 +309,16 @@ async fn actor(st: &ApiState, ctx: &Ctx, body: &Obj) -> Result<Option<User>, Err
     }
 }
 
+/// The preamble of every channel-wide change: the path's channel, which must exist and which
+/// the caller may manage, and the acting user.
+async fn managed(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, body: &Obj) -> Result<(String, Channel, Option<User>), Error> {
+    let (_, _, cid) = parse_path(kind, id)?;
+    let ch = load(st, &cid).await?;
+    require_manage(ctx, &ch)?;
+    let actor = actor(st, ctx, body).await?;
+    Ok((cid, ch, actor))
+}
+
 fn require_manage(ctx: &Ctx, ch: &Channel) -> Result<(), Error> {
     if perm::may_manage_channel(&ctx.viewer, ch.created_by_id.as_deref()) {
         Ok(())
@@ -324,10 +334,7 @@ pub async fn update_channel(
     Path((kind, id)): Path<(String, String)>,
     Body(body): Body,
 ) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
-    let mut ch = load(&st, &cid).await?;
-    require_manage(&ctx, &ch)?;
-    let actor = actor(&st, &ctx, &body).await?;
+    let (cid, mut ch, actor) = managed(&st, &ctx, &kind, &id, &body).await?;
     if let Some(data) = obj_opt(&body, "data")? {
         let custom = input::limited(input::custom(data, CHANNEL_DATA_KNOWN)?, "channel")?;
         ch = st
@@ -369,10 +376,7 @@ pub async fn partial_update_channel(
     Path((kind, id)): Path<(String, String)>,
     Body(body): Body,
 ) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
-    let ch = load(&st, &cid).await?;
-    require_manage(&ctx, &ch)?;
-    let actor = actor(&st, &ctx, &body).await?;
+    let (cid, _, actor) = managed(&st, &ctx, &kind, &id, &body).await?;
     let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
     let unset = input::str_list(&body, "unset")?.unwrap_or_default();
     let ch = st.store.partial_update_channel(&cid, &set, &unset, actor.as_ref()).await?;
@@ -423,10 +427,7 @@ pub async fn truncate_channel(
     Path((kind, id)): Path<(String, String)>,
     Body(body): Body,
 ) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
-    let ch = load(&st, &cid).await?;
-    require_manage(&ctx, &ch)?;
-    let actor = actor(&st, &ctx, &body).await?;
+    let (cid, ch, actor) = managed(&st, &ctx, &kind, &id, &body).await?;
     let hard = bool_opt(&body, "hard_delete")?.unwrap_or(false);
     let at = input::ts_opt(&body, "truncated_at")?;
     let msg = match obj_opt(&body, "message")? {

@@ -92,15 +92,7 @@ impl Store {
             .bind(name.to_string())
             .execute(&mut *tx.tx)
             .await?;
-        for (event_seq, url) in deliveries {
-            sqlx::query("INSERT INTO webhook_delivery (id, seq, url, attempt, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, 0, $4, $4, $4)")
-                .bind(uuid::Uuid::new_v4().to_string())
-                .bind(*event_seq)
-                .bind(url.clone())
-                .bind(now)
-                .execute(&mut *tx.tx)
-                .await?;
-        }
+        queue_deliveries(&mut tx, deliveries, now).await?;
         tx.commit(self).await
     }
 
@@ -151,15 +143,7 @@ impl Store {
         if res.rows_affected() == 0 {
             return Ok(false);
         }
-        for (event_seq, url) in deliveries {
-            sqlx::query("INSERT INTO webhook_delivery (id, seq, url, attempt, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, 0, $4, $4, $4)")
-                .bind(uuid::Uuid::new_v4().to_string())
-                .bind(*event_seq)
-                .bind(url.clone())
-                .bind(now)
-                .execute(&mut *tx.tx)
-                .await?;
-        }
+        queue_deliveries(&mut tx, deliveries, now).await?;
         tx.commit(self).await?;
         Ok(true)
     }
@@ -209,4 +193,18 @@ impl Store {
         tx.commit(self).await?;
         Ok(res.rows_affected())
     }
+}
+
+/// Queues one webhook delivery per (event seq, url), due now.
+async fn queue_deliveries(tx: &mut Tx, deliveries: &[(i64, String)], now: i64) -> Result<()> {
+    for (event_seq, url) in deliveries {
+        sqlx::query("INSERT INTO webhook_delivery (id, seq, url, attempt, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, 0, $4, $4, $4)")
+            .bind(uuid::Uuid::new_v4().to_string())
+            .bind(*event_seq)
+            .bind(url.clone())
+            .bind(now)
+            .execute(&mut *tx.tx)
+            .await?;
+    }
+    Ok(())
 }
