@@ -236,3 +236,11 @@ async fn custom_data_over_5_kib_on_users_and_channels_is_rejected_and_nothing_is
     let found = app.post("/channels", &app.server(), json!({"filter_conditions": {"cid": "agent:fat"}})).await.ok();
     assert_eq!(found["channels"], json!([]), "the rejected channel was not created: {found}");
 }
+
+#[tokio::test]
+async fn a_path_that_does_not_decode_gets_the_error_envelope_not_a_plain_text_rejection() {
+    let app = TestApp::spawn().await;
+    let r = app.get("/messages/%FF%FE", &app.server()).await.err(400, 4);
+    assert!(r["message"].as_str().unwrap_or_default().contains("path"), "{r}");
+    app.post("/channels/agent/%FF/query", &app.server(), json!({})).await.err(400, 4);
+}

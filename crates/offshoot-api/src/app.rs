@@ -1,10 +1,10 @@
 //! Users, app settings, channel types, guests and bans.
 
-use crate::ctx::{Body, Ctx};
+use crate::ctx::{ApiPath, Body, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_list, str_opt};
 use crate::state::ApiState;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use offshoot_core::model::AppSettings;
 use offshoot_core::render::{self, Dialect};
@@ -282,7 +282,7 @@ fn render_type(d: Dialect, ct: &offshoot_core::model::ChannelType) -> Value {
     cfg
 }
 
-pub async fn get_channel_type(State(st): State<ApiState>, ctx: Ctx, Path(name): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn get_channel_type(State(st): State<ApiState>, ctx: Ctx, ApiPath(name): ApiPath<String>) -> ApiResult<Json<Value>> {
     let name = ids::parse_channel_type(&name)?;
     let Some(ct) = st.store.channel_type(&name).await? else {
         return Err(Error::not_found(format!("channel type {name:?} does not exist")).into());
@@ -301,7 +301,12 @@ pub async fn list_channel_types(State(st): State<ApiState>, ctx: Ctx) -> ApiResu
 }
 
 /// `PUT /channeltypes/{name}`: creates or updates; `max_message_length` is enforced.
-pub async fn put_channel_type(State(st): State<ApiState>, ctx: Ctx, Path(name): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn put_channel_type(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(name): ApiPath<String>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     server_only(&ctx, "changing channel types")?;
     let name = ids::parse_channel_type(&name)?;
     let max = i64_opt(&body, "max_message_length")?;

@@ -1,11 +1,11 @@
 //! Channels: get-or-create and query, updates, members, delete, truncate, rewind, read state,
 //! client events and Query Channels.
 
-use crate::ctx::{Body, Ctx};
+use crate::ctx::{ApiPath, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_opt, Obj};
 use crate::state::ApiState;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use offshoot_core::model::{Audience, Channel, Event, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::render;
@@ -21,13 +21,6 @@ pub const DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT: i64 = 25;
 /// Replies per page when the request names no limit.
 pub const DEFAULT_REPLY_LIMIT: i64 = 25;
 pub const DEFAULT_MEMBER_LIMIT: i64 = 100;
-
-pub(crate) fn parse_path(kind: &str, id: &str) -> Result<(String, String, String), Error> {
-    let kind = ids::parse_channel_type(kind)?;
-    let id = ids::parse_channel_id(id)?;
-    let cid = ids::cid(&kind, &id);
-    Ok((kind, id, cid))
-}
 
 /// The channel, which must exist and not be deleted.
 pub(crate) async fn load(st: &ApiState, cid: &str) -> Result<Channel, Error> {
@@ -150,13 +143,8 @@ const CHANNEL_DATA_KNOWN: &[&str] = &[
 ];
 
 /// `POST /channels/{type}/{id}/query`: get-or-create, optionally watch.
-pub async fn query_channel(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (kind, id, cid) = parse_path(&kind, &id)?;
+pub async fn query_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let ChannelPath { kind, id, cid } = path;
     get_or_create(&st, &ctx, &kind, &id, &cid, &body).await
 }
 
@@ -164,7 +152,7 @@ pub async fn query_channel(
 pub async fn query_distinct_channel(
     State(st): State<ApiState>,
     ctx: Ctx,
-    Path(kind): Path<String>,
+    ApiPath(kind): ApiPath<String>,
     Body(body): Body,
 ) -> ApiResult<Json<Value>> {
     let kind = ids::parse_channel_type(&kind)?;
@@ -179,8 +167,8 @@ pub async fn query_distinct_channel(
 }
 
 /// `GET /api/v2/chat/channels/{type}/{id}` (getstream's read-only variant).
-pub async fn get_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn get_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     let ch = load(&st, &cid).await?;
     require_read(&st, &ctx.viewer, &cid).await?;
     let limit = ctx.q("messages_limit").and_then(|l| l.parse().ok()).unwrap_or(DEFAULT_MESSAGE_LIMIT);
@@ -286,13 +274,8 @@ async fn relay_watch(st: &ApiState, kind: &str, connection_id: &str, cid: &str) 
     Ok(())
 }
 
-pub async fn stop_watching(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn stop_watching(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     if let Some(conn) = ctx.q("connection_id").map(str::to_string).or(str_opt(&body, "connection_id")?) {
         if !st.watchers.unwatch(&conn, &cid) {
             relay_watch(&st, UNWATCH_EVENT, &conn, &cid).await?;
@@ -311,8 +294,8 @@ async fn actor(st: &ApiState, ctx: &Ctx, body: &Obj) -> Result<Option<User>, Err
 
 /// The preamble of every channel-wide change: the path's channel, which must exist and which
 /// the caller may manage, and the acting user.
-async fn managed(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, body: &Obj) -> Result<(String, Channel, Option<User>), Error> {
-    let (_, _, cid) = parse_path(kind, id)?;
+async fn managed(st: &ApiState, ctx: &Ctx, path: ChannelPath, body: &Obj) -> Result<(String, Channel, Option<User>), Error> {
+    let cid = path.cid;
     let ch = load(st, &cid).await?;
     require_manage(ctx, &ch)?;
     let actor = actor(st, ctx, body).await?;
@@ -328,13 +311,8 @@ fn require_manage(ctx: &Ctx, ch: &Channel) -> Result<(), Error> {
 }
 
 /// `POST /channels/{type}/{id}`: full update, members, optional system message.
-pub async fn update_channel(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (cid, mut ch, actor) = managed(&st, &ctx, &kind, &id, &body).await?;
+pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (cid, mut ch, actor) = managed(&st, &ctx, path, &body).await?;
     if let Some(data) = obj_opt(&body, "data")? {
         let custom = input::limited(input::custom(data, CHANNEL_DATA_KNOWN)?, "channel")?;
         ch = st
@@ -370,13 +348,8 @@ pub async fn update_channel(
 }
 
 /// `PATCH /channels/{type}/{id}`: `set` / `unset`.
-pub async fn partial_update_channel(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (cid, _, actor) = managed(&st, &ctx, &kind, &id, &body).await?;
+pub async fn partial_update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (cid, _, actor) = managed(&st, &ctx, path, &body).await?;
     let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
     let unset = input::str_list(&body, "unset")?.unwrap_or_default();
     let ch = st.store.partial_update_channel(&cid, &set, &unset, actor.as_ref()).await?;
@@ -389,8 +362,8 @@ pub async fn partial_update_channel(
 }
 
 /// `DELETE /channels/{type}/{id}[?hard_delete=true]`.
-pub async fn delete_channel(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn delete_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     let ch = load(&st, &cid).await?;
     require_manage(&ctx, &ch)?;
     let hard = ctx.q_bool("hard_delete");
@@ -421,13 +394,8 @@ pub async fn delete_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): B
 }
 
 /// `POST /channels/{type}/{id}/truncate`.
-pub async fn truncate_channel(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (cid, ch, actor) = managed(&st, &ctx, &kind, &id, &body).await?;
+pub async fn truncate_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let (cid, ch, actor) = managed(&st, &ctx, path, &body).await?;
     let hard = bool_opt(&body, "hard_delete")?.unwrap_or(false);
     let at = input::ts_opt(&body, "truncated_at")?;
     let msg = match obj_opt(&body, "message")? {
@@ -453,13 +421,8 @@ pub async fn truncate_channel(
 }
 
 /// `POST /channels/agent/{id}/rewind`.
-pub async fn rewind_channel(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (kind, _, cid) = parse_path(&kind, &id)?;
+pub async fn rewind_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let ChannelPath { kind, cid, .. } = path;
     if !perm::may_fork_or_rewind(&ctx.viewer) {
         return Err(
             Error::not_allowed("rewind is a server-side operation: it needs the RewindChannel permission (server-side or admin)").into()
@@ -478,13 +441,8 @@ pub async fn rewind_channel(
 }
 
 /// `POST /channels/{type}/{id}/read`.
-pub async fn mark_read(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn mark_read(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     load(&st, &cid).await?;
     let Some(user) = actor(&st, &ctx, &body).await? else { return Err(Error::input("mark read needs a user_id").into()) };
     if !ctx.viewer.is_server() {
@@ -497,13 +455,8 @@ pub async fn mark_read(
 }
 
 /// `POST /channels/{type}/{id}/event`: typing, AI state and custom events, relayed to watchers.
-pub async fn send_event(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn send_event(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     let ch = load(&st, &cid).await?;
     let Some(ev) = obj_opt(&body, "event")? else { return Err(Error::input("field \"event\" is required").into()) };
     let kind = input::str_req(ev, "type")?;

@@ -146,3 +146,38 @@ impl<S: Send + Sync> FromRequest<S> for Body {
         }
     }
 }
+
+/// Path parameters; a path that does not decode (bad percent-encoding, wrong arity) is a
+/// Stream input error instead of axum's plain-text rejection.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(t)) => Ok(ApiPath(t)),
+            Err(e) => Err(Error::input(format!("the request path is not valid: {e}")).into()),
+        }
+    }
+}
+
+/// `/channels/{type}/{id}/…`, validated: a channel type name and a channel id as Stream
+/// allows them, and their cid.
+pub struct ChannelPath {
+    pub kind: String,
+    pub id: String,
+    pub cid: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ChannelPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let ApiPath((kind, id)) = ApiPath::<(String, String)>::from_request_parts(parts, state).await?;
+        let kind = offshoot_core::ids::parse_channel_type(&kind)?;
+        let id = offshoot_core::ids::parse_channel_id(&id)?;
+        let cid = offshoot_core::ids::cid(&kind, &id);
+        Ok(ChannelPath { kind, id, cid })
+    }
+}

@@ -1,12 +1,12 @@
 //! The fork endpoints: fork a channel, look up copy ids, list a channel's forks, and the task
 //! behind a backfill.
 
-use crate::channels::{channel_state, is_member, load, page_of, parse_path, require_read, DEFAULT_MEMBER_LIMIT, DEFAULT_MESSAGE_LIMIT};
-use crate::ctx::{Body, Ctx};
+use crate::channels::{channel_state, is_member, load, page_of, require_read, DEFAULT_MEMBER_LIMIT, DEFAULT_MESSAGE_LIMIT};
+use crate::ctx::{ApiPath, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, bool_opt, get, obj_opt, str_opt};
 use crate::state::ApiState;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use offshoot_core::fork::{MAX_LOOKUP, MAX_MEMBERS};
 use offshoot_core::model::{ForkStatus, Viewer};
@@ -41,13 +41,8 @@ const DATA_KNOWN: &[&str] = &[
 ];
 
 /// `POST /channels/{type}/{id}/fork`.
-pub async fn fork_channel(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (_, _, source_cid) = parse_path(&kind, &id)?;
+pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let source_cid = path.cid;
     require_fork_enabled(&st).await?;
     if !perm::may_fork_or_rewind(&ctx.viewer) {
         return Err(Error::not_allowed(
@@ -110,13 +105,8 @@ pub async fn fork_channel(
 
 /// `POST /channels/{type}/{id}/fork/message_ids`: source id → copy id, for the copies the
 /// fork holds. Needs only read access to the fork.
-pub async fn lookup_fork_message_ids(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn lookup_fork_message_ids(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     require_fork_enabled(&st).await?;
     let ch = load(&st, &cid).await?;
     require_read(&st, &ctx.viewer, &cid).await?;
@@ -133,8 +123,8 @@ pub async fn lookup_fork_message_ids(
 
 /// `GET /channels/{type}/{id}/forks?limit=&offset=`: the channel's forks, newest first, and
 /// its own source when it is a fork. Works after the source was deleted.
-pub async fn list_forks(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): Path<(String, String)>) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn list_forks(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     let ch = st.store.get_channel(&cid).await?;
     let allowed = match &ch {
         Some(_) => ctx.viewer.is_admin() || is_member(&st, &ctx.viewer, &cid).await?,
@@ -158,7 +148,7 @@ pub async fn list_forks(State(st): State<ApiState>, ctx: Ctx, Path((kind, id)): 
 }
 
 /// `GET /tasks/{id}`.
-pub async fn get_task(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn get_task(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     if !ctx.viewer.is_admin() {
         return Err(Error::not_allowed("tasks are read server-side").into());
     }

@@ -1,11 +1,11 @@
 //! Messages, replies, reactions and threads.
 
-use crate::channels::{self, load, parse_path, require_read, DEFAULT_REPLY_LIMIT};
-use crate::ctx::{Body, Ctx};
+use crate::channels::{self, load, require_read, DEFAULT_REPLY_LIMIT};
+use crate::ctx::{ApiPath, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, bool_opt, get, obj_opt, Obj};
 use crate::state::ApiState;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use offshoot_core::model::{Audience, Channel, Message, Reaction, User, Viewer};
 use offshoot_core::render::{self, Dialect};
@@ -18,13 +18,8 @@ fn max_len(ch: &Channel) -> i64 {
 }
 
 /// `POST /channels/{type}/{id}/message`.
-pub async fn send_message(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    Path((kind, id)): Path<(String, String)>,
-    Body(body): Body,
-) -> ApiResult<Json<Value>> {
-    let (_, _, cid) = parse_path(&kind, &id)?;
+pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
     let ch = load(&st, &cid).await?;
     let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
     let author = match &ctx.viewer {
@@ -68,7 +63,7 @@ async fn visible_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message,
     Ok((m, ch))
 }
 
-pub async fn get_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn get_message(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     let mut v = render::message(ctx.dialect, &m);
     v["channel"] = render::channel(ctx.dialect, &ch, &[]);
@@ -89,7 +84,12 @@ fn editor(ctx: &Ctx, body: &Obj, m: &Message) -> Result<User, Error> {
 }
 
 /// `POST /messages/{id}`: full update.
-pub async fn update_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn update_message(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(id): ApiPath<String>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
     let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
@@ -221,7 +221,7 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
 pub async fn partial_update_message(
     State(st): State<ApiState>,
     ctx: Ctx,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     Body(body): Body,
 ) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
@@ -236,7 +236,12 @@ pub async fn partial_update_message(
 }
 
 /// `PATCH /messages/{id}/ephemeral`: broadcasts `message.updated` with the change, stores nothing.
-pub async fn ephemeral_update(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn ephemeral_update(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(id): ApiPath<String>,
+    Body(body): Body,
+) -> ApiResult<Json<Value>> {
     let (mut m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
     let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
@@ -259,7 +264,7 @@ pub async fn ephemeral_update(State(st): State<ApiState>, ctx: Ctx, Path(id): Pa
 }
 
 /// `DELETE /messages/{id}[?hard=true]`.
-pub async fn delete_message(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn delete_message(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     let (m, _) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
     if ctx.q_bool("delete_for_me") {
@@ -286,7 +291,7 @@ fn page_from_query(ctx: &Ctx, default_limit: i64) -> Result<Page, Error> {
 }
 
 /// `GET /messages/{id}/replies`.
-pub async fn get_replies(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn get_replies(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     let (parent, ch) = visible_message(&st, &ctx, &id).await?;
     let page = page_from_query(&ctx, DEFAULT_REPLY_LIMIT)?;
     let mut replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
@@ -318,7 +323,7 @@ fn sort_is_descending(raw: &str) -> Result<bool, Error> {
 }
 
 /// `POST /messages/{id}/reaction`.
-pub async fn send_reaction(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn send_reaction(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>, Body(body): Body) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     let Some(r) = obj_opt(&body, "reaction")? else { return Err(Error::input("field \"reaction\" is required").into()) };
     let kind = input::str_req(r, "type")?;
@@ -345,7 +350,11 @@ pub async fn send_reaction(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<
 }
 
 /// `DELETE /messages/{id}/reaction/{type}[?user_id=…]`.
-pub async fn delete_reaction(State(st): State<ApiState>, ctx: Ctx, Path((id, kind)): Path<(String, String)>) -> ApiResult<Json<Value>> {
+pub async fn delete_reaction(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath((id, kind)): ApiPath<(String, String)>,
+) -> ApiResult<Json<Value>> {
     visible_message(&st, &ctx, &id).await?;
     let user = match &ctx.viewer {
         Viewer::Server => {
@@ -359,7 +368,7 @@ pub async fn delete_reaction(State(st): State<ApiState>, ctx: Ctx, Path((id, kin
 }
 
 /// `GET /messages/{id}/reactions`.
-pub async fn get_reactions(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn get_reactions(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     let (m, _) = visible_message(&st, &ctx, &id).await?;
     Ok(ctx.ok(json!({"reactions": m.latest_reactions.iter().map(|r| render::reaction(ctx.dialect, r)).collect::<Vec<_>>()})))
 }
@@ -416,7 +425,7 @@ pub async fn query_threads(State(st): State<ApiState>, ctx: Ctx, Body(body): Bod
 }
 
 /// `GET /threads/{message_id}`.
-pub async fn get_thread(State(st): State<ApiState>, ctx: Ctx, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+pub async fn get_thread(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     let (parent, ch) = visible_message(&st, &ctx, &id).await?;
     if parent.parent_id.is_some() {
         return Err(Error::input(format!("message {id:?} is a reply, not a thread's parent")).into());
