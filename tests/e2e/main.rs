@@ -14,9 +14,12 @@ mod helpers;
 
 mod auth;
 mod chat;
+mod concurrency;
 mod dialects;
 mod fork;
+mod hardening;
 mod process;
+mod scale_out;
 mod visibility;
 mod webhooks;
 mod ws;

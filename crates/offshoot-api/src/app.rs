@@ -2,14 +2,14 @@
 
 use crate::ctx::{ApiPath, Body, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_list, str_opt};
+use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_list, str_opt, Obj};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
 use offshoot_core::model::AppSettings;
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, token, Error};
-use offshoot_store::UserInput;
+use offshoot_store::{UserInput, UserPatch};
 use serde_json::{json, Map, Value};
 
 fn server_only(ctx: &Ctx, what: &str) -> Result<(), Error> {
@@ -82,7 +82,10 @@ pub async fn upsert_users(State(st): State<ApiState>, ctx: Ctx, Body(body): Body
 /// `PATCH /users`: `{"users": [{"id", "set", "unset"}]}`.
 pub async fn partial_update_users(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
     let Some(list) = input::arr_opt(&body, "users")? else { return Err(Error::input("field \"users\" is required").into()) };
-    let mut out = Vec::new();
+    if list.len() > 100 {
+        return Err(Error::input("at most 100 users per request").into());
+    }
+    let mut patches = Vec::new();
     for item in list {
         let Value::Object(o) = item else { return Err(Error::input("every entry of \"users\" must be an object").into()) };
         let id = ids::parse_user_id(&input::str_req(o, "id")?)?;
@@ -94,8 +97,9 @@ pub async fn partial_update_users(State(st): State<ApiState>, ctx: Ctx, Body(bod
             return Err(Error::not_allowed("users cannot change their role").into());
         }
         let unset = str_list(o, "unset")?.unwrap_or_default();
-        out.push(st.store.partial_update_user(&id, &set, &unset).await?);
+        patches.push(UserPatch { id, set, unset });
     }
+    let out = st.store.partial_update_users(&patches).await?;
     Ok(ctx.ok(json!({"users": users_map(ctx.dialect, &out), "membership_deletion_task_id": ""})))
 }
 
@@ -185,24 +189,30 @@ pub async fn get_app(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Val
 /// `PATCH /app`: flat keys; known ones are typed, others stored as they are.
 pub async fn update_app(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
     server_only(&ctx, "updating app settings")?;
-    let mut s = st.store.app_settings().await?;
-    for (k, v) in &body {
+    // Applied to the stored settings under the app row's lock (concurrent patches all survive).
+    st.store.update_app_settings(|s| apply_app_patch(s, &body)).await?;
+    Ok(ctx.ok(json!({})))
+}
+
+/// `PATCH /app`'s body applied to the settings: known keys are typed, others stored as they are.
+fn apply_app_patch(s: &mut AppSettings, body: &Obj) -> Result<(), Error> {
+    for (k, v) in body {
         match k.as_str() {
-            "fork_enabled" => s.fork_enabled = bool_opt(&body, k)?.unwrap_or(true),
+            "fork_enabled" => s.fork_enabled = bool_opt(body, k)?.unwrap_or(true),
             "webhook_url" => {
-                let url = str_opt(&body, k)?.filter(|u| !u.is_empty());
+                let url = str_opt(body, k)?.filter(|u| !u.is_empty());
                 if let Some(u) = &url {
                     if !(u.starts_with("http://") || u.starts_with("https://")) {
-                        return Err(Error::input("webhook_url must be an http:// or https:// URL").into());
+                        return Err(Error::input("webhook_url must be an http:// or https:// URL"));
                     }
                 }
                 s.webhook_url = url;
             }
-            "webhook_events" => s.webhook_events = str_list(&body, k)?.unwrap_or_default(),
+            "webhook_events" => s.webhook_events = str_list(body, k)?.unwrap_or_default(),
             "event_hooks" => {
-                let hooks = input::arr_opt(&body, k)?.cloned().unwrap_or_default();
+                let hooks = input::arr_opt(body, k)?.cloned().unwrap_or_default();
                 if hooks.iter().any(|h| !h.is_object()) {
-                    return Err(Error::input("event_hooks must be an array of objects").into());
+                    return Err(Error::input("event_hooks must be an array of objects"));
                 }
                 s.event_hooks = hooks
                     .into_iter()
@@ -217,21 +227,20 @@ pub async fn update_app(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) 
                     .collect();
             }
             "webhook_dialect" => {
-                let d = str_opt(&body, k)?.unwrap_or_else(|| "legacy".into());
+                let d = str_opt(body, k)?.unwrap_or_else(|| "legacy".into());
                 if d != "legacy" && d != "v2" {
-                    return Err(Error::input("webhook_dialect must be \"legacy\" or \"v2\"").into());
+                    return Err(Error::input("webhook_dialect must be \"legacy\" or \"v2\""));
                 }
                 s.webhook_dialect = d;
             }
-            "disable_auth_checks" => s.disable_auth_checks = bool_opt(&body, k)?.unwrap_or(false),
-            "revoke_tokens_issued_before" => s.revoke_tokens_issued_before = input::ts_opt(&body, k)?,
+            "disable_auth_checks" => s.disable_auth_checks = bool_opt(body, k)?.unwrap_or(false),
+            "revoke_tokens_issued_before" => s.revoke_tokens_issued_before = input::ts_opt(body, k)?,
             _ => {
                 s.extra.insert(k.clone(), v.clone());
             }
         }
     }
-    st.store.update_app_settings(&s).await?;
-    Ok(ctx.ok(json!({})))
+    Ok(())
 }
 
 /// `POST /guest`: a guest user and its token.
@@ -253,9 +262,6 @@ pub async fn ban_user(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) ->
     }
     let target = ids::parse_user_id(&input::str_req(&body, "target_user_id")?)?;
     let shadow = bool_opt(&body, "shadow")?.unwrap_or(false);
-    if st.store.get_user(&target).await?.is_none() {
-        return Err(Error::not_found(format!("user {target:?} does not exist")).into());
-    }
     st.store.set_ban(&target, shadow, true).await?;
     Ok(ctx.ok(json!({})))
 }
@@ -267,8 +273,7 @@ pub async fn unban_user(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<
     }
     let Some(target) = ctx.q("target_user_id") else { return Err(Error::input("query parameter target_user_id is required").into()) };
     let target = ids::parse_user_id(target)?;
-    st.store.set_ban(&target, true, false).await?;
-    st.store.set_ban(&target, false, false).await?;
+    st.store.lift_bans(&target).await?;
     Ok(ctx.ok(json!({})))
 }
 

@@ -10,7 +10,7 @@ use axum::Json;
 use offshoot_core::model::{Audience, Channel, Event, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::render;
 use offshoot_core::{ids, perm, time, Error};
-use offshoot_store::{ChannelFilter, MemberInput, NewChannel, Page, PageDir};
+use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir};
 use serde_json::{json, Map, Value};
 
 /// Messages in a channel state when the query names no limit. JS `stream-chat` sends none on
@@ -310,25 +310,22 @@ fn require_manage(ctx: &Ctx, ch: &Channel) -> Result<(), Error> {
     }
 }
 
-/// `POST /channels/{type}/{id}`: full update, members, optional system message.
+/// `POST /channels/{type}/{id}`: full update, members, optional system message, in one
+/// transaction.
 pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
-    let (cid, mut ch, actor) = managed(&st, &ctx, path, &body).await?;
+    let (cid, ch, actor) = managed(&st, &ctx, path, &body).await?;
+    let mut update = ChannelUpdate::default();
     if let Some(data) = obj_opt(&body, "data")? {
-        let custom = input::limited(input::custom(data, CHANNEL_DATA_KNOWN)?, "channel")?;
-        ch = st
-            .store
-            .update_channel(&cid, Some(&custom), str_opt(data, "team")?.as_deref(), bool_opt(data, "frozen")?, actor.as_ref())
-            .await?;
+        update.custom = Some(input::limited(input::custom(data, CHANNEL_DATA_KNOWN)?, "channel")?);
+        update.team = str_opt(data, "team")?;
+        update.frozen = bool_opt(data, "frozen")?;
     }
     if let Some(m) = get(&body, "add_members") {
-        let members = input::members(m, "add_members")?;
-        ch = st.store.add_members(&cid, &members, actor.as_ref()).await?;
+        update.add_members = input::members(m, "add_members")?;
     }
     if let Some(m) = get(&body, "remove_members") {
-        let ids: Vec<String> = input::members(m, "remove_members")?.into_iter().map(|m| m.user_id).collect();
-        ch = st.store.remove_members(&cid, &ids, actor.as_ref()).await?;
+        update.remove_members = input::members(m, "remove_members")?.into_iter().map(|m| m.user_id).collect();
     }
-    let mut out = Map::new();
     if let Some(msg) = obj_opt(&body, "message")? {
         let mut new = input::new_message(msg, true, ch.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000))?;
         let author = match input::actor_id(msg)?.or(actor.as_ref().map(|a| a.id.clone())) {
@@ -336,9 +333,12 @@ pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelP
             None => return Err(Error::input("the system message needs a user_id").into()),
         };
         new.kind = "system".into();
-        let m = st.store.send_message(&cid, &new, &author).await?;
+        update.message = Some((new, author));
+    }
+    let (ch, sys) = st.store.update_channel(&cid, &update, actor.as_ref()).await?;
+    let mut out = Map::new();
+    if let Some(m) = sys {
         out.insert("message".into(), render::message(ctx.dialect, &m));
-        ch = load(&st, &cid).await?;
     }
     let members = st.store.members(&cid, DEFAULT_MEMBER_LIMIT, 0).await?;
     let member = is_member(&st, &ctx.viewer, &cid).await?;

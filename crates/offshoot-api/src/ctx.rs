@@ -80,6 +80,9 @@ impl FromRequestParts<ApiState> for Ctx {
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Self::Rejection> {
         let dialect = parts.extensions.get::<Dialect>().copied().unwrap_or(Dialect::Legacy);
         let query = parse_query(parts.uri.query());
+        if let Some(key) = query.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')).map(|(k, _)| k.clone()) {
+            return Err(Error::input(format!("query parameter {key:?} contains a NUL character")).field("field", key).into());
+        }
         match query.get("api_key") {
             None => return Err(Error::new(ErrorKind::BadApiKey, "api_key is missing: add ?api_key=<your key> to the request").into()),
             Some(k) if k.as_str() != &*state.api_key => {
@@ -103,14 +106,12 @@ impl FromRequestParts<ApiState> for Ctx {
         let raw = raw.strip_prefix("Bearer ").unwrap_or(raw);
         let now = offshoot_core::time::now() / 1_000_000_000;
         let claims = token::verify(raw, &state.api_secret, now)?;
-        let Some(uid) = claims.user_id else {
+        let Some(uid) = claims.user_id.clone() else {
             return Ok(Ctx { viewer: Viewer::Server, user: None, dialect, query });
         };
         let settings = state.store.app_settings().await?;
-        if let (Some(before), Some(iat)) = (settings.revoke_tokens_issued_before, claims.iat) {
-            if iat * 1_000_000_000 < before {
-                return Err(Error::new(ErrorKind::Auth, "the token was revoked").into());
-            }
+        if settings.revoke_tokens_issued_before.is_some_and(|before| claims.issued_before(before)) {
+            return Err(Error::new(ErrorKind::Auth, "the token was revoked").into());
         }
         let user = state.store.get_user(&uid).await?.unwrap_or_else(|| User::placeholder(&uid, "user"));
         if user.banned {
@@ -139,12 +140,43 @@ impl<S: Send + Sync> FromRequest<S> for Body {
             return Ok(Body(Map::new()));
         }
         match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(o)) => Ok(Body(o)),
+            Ok(Value::Object(o)) => {
+                if let Some(field) = nul_field(&o) {
+                    return Err(Error::input(format!(
+                        "field {field:?} contains a NUL character (\\u0000), which Offshoot does not store"
+                    ))
+                    .field("field", field)
+                    .into());
+                }
+                Ok(Body(o))
+            }
             Ok(Value::Null) => Ok(Body(Map::new())),
             Ok(_) => Err(Error::input("the request body must be a JSON object").into()),
             Err(e) => Err(Error::input(format!("the request body is not valid JSON: {e}")).into()),
         }
     }
+}
+
+/// The path (`a.b[2].c`) of the first key or string in `o` that holds a NUL character.
+/// PostgreSQL cannot store one in text and SQLite would truncate it in places, so both
+/// backends refuse it at the edge alike.
+fn nul_field(o: &Map<String, Value>) -> Option<String> {
+    fn walk(v: &Value, path: &str) -> Option<String> {
+        match v {
+            Value::String(s) if s.contains('\0') => Some(path.to_string()),
+            Value::Array(a) => a.iter().enumerate().find_map(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            Value::Object(o) => o.iter().find_map(|(k, v)| {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                if k.contains('\0') {
+                    Some(p)
+                } else {
+                    walk(v, &p)
+                }
+            }),
+            _ => None,
+        }
+    }
+    walk(&Value::Object(o.clone()), "")
 }
 
 /// Path parameters; a path that does not decode (bad percent-encoding, wrong arity) is a
@@ -155,6 +187,11 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> 
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if let Ok(raw) = axum::extract::RawPathParams::from_request_parts(parts, state).await {
+            if let Some((name, _)) = raw.iter().find(|(_, v)| v.contains('\0')) {
+                return Err(Error::input(format!("path parameter {name:?} contains a NUL character")).field("field", name).into());
+            }
+        }
         match axum::extract::Path::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(t)) => Ok(ApiPath(t)),
             Err(e) => Err(Error::input(format!("the request path is not valid: {e}")).into()),

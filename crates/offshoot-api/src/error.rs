@@ -40,6 +40,11 @@ impl IntoResponse for ApiError {
             "exception_fields": e.fields,
             "unrecoverable": false,
         });
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if e.kind == ErrorKind::Unavailable {
+            // Nothing was written: the client may send the same request again.
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }

@@ -101,16 +101,16 @@ pub async fn update_message(
     let by = actor.id.clone();
     let updated = st
         .store
-        .update_message(&id, &actor, move |m| {
-            m.text = new.text;
-            m.html = new.html;
-            m.mml = new.mml;
-            m.attachments = new.attachments;
-            m.mentioned_users = new.mentioned_users;
-            m.custom = new.custom;
+        .update_message(&id, &actor, |m| {
+            m.text = new.text.clone();
+            m.html = new.html.clone();
+            m.mml = new.mml.clone();
+            m.attachments = new.attachments.clone();
+            m.mentioned_users = new.mentioned_users.clone();
+            m.custom = new.custom.clone();
             m.silent = new.silent;
             if new.i18n.is_some() {
-                m.i18n = new.i18n;
+                m.i18n = new.i18n.clone();
             }
             set_pinned(m, new.pinned, &by);
             Ok(())
@@ -135,7 +135,8 @@ fn set_pinned(m: &mut Message, pinned: bool, by: &str) {
 }
 
 /// Applies `set` / `unset` to a message (known fields to their place, others to custom data).
-fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by: &str) -> Result<(), Error> {
+/// `html` is server-side only, as in a full update (`server` says who is asking).
+fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by: &str, server: bool) -> Result<(), Error> {
     for (k, v) in set {
         match k.as_str() {
             "text" => {
@@ -149,6 +150,7 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
                 m.text = t.to_string();
                 m.html = input::html_of(t);
             }
+            "html" if !server => return Err(Error::not_allowed("set.html can only be changed by server-side requests")),
             "html" => m.html = v.as_str().unwrap_or_default().to_string(),
             "mml" => m.mml = v.as_str().map(str::to_string),
             "attachments" => {
@@ -231,7 +233,8 @@ pub async fn partial_update_message(
     let actor = editor(&ctx, &body, &m)?;
     let by = actor.id.clone();
     let max = max_len(&ch);
-    let updated = st.store.update_message(&id, &actor, move |m| apply_partial(m, &set, &unset, max, &by)).await?;
+    let server = ctx.viewer.is_server();
+    let updated = st.store.update_message(&id, &actor, |m| apply_partial(m, &set, &unset, max, &by, server)).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
 }
 
@@ -247,7 +250,7 @@ pub async fn ephemeral_update(
     let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
     let unset = input::str_list(&body, "unset")?.unwrap_or_default();
     let actor = editor(&ctx, &body, &m)?;
-    apply_partial(&mut m, &set, &unset, max_len(&ch), &actor.id)?;
+    apply_partial(&mut m, &set, &unset, max_len(&ch), &actor.id, ctx.viewer.is_server())?;
     m.updated_at = time::now();
     let ev = offshoot_core::model::Event {
         kind: "message.updated".into(),

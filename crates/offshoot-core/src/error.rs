@@ -42,6 +42,9 @@ pub enum ErrorKind {
     ForkPointGenerating,
     /// 405, code 4: the path exists but not with this method.
     MethodNotAllowed,
+    /// 503, code -1: the database is unreachable or a transaction kept losing to concurrent
+    /// writers; nothing was written and the request can be retried as it is.
+    Unavailable,
     /// 500, code -1: something broke inside; the message never leaks details.
     Internal,
 }
@@ -67,6 +70,7 @@ impl ErrorKind {
             ErrorKind::ForkInProgress => 131,
             ErrorKind::ForkPointGenerating => 4,
             ErrorKind::MethodNotAllowed => 4,
+            ErrorKind::Unavailable => -1,
             ErrorKind::Internal => -1,
         }
     }
@@ -91,6 +95,7 @@ impl ErrorKind {
             ErrorKind::ForkInProgress => 409,
             ErrorKind::ForkPointGenerating => 409,
             ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::Unavailable => 503,
             ErrorKind::Internal => 500,
         }
     }
@@ -118,6 +123,9 @@ impl Error {
     }
     pub fn not_allowed(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotAllowed, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
     }
     pub fn internal() -> Self {
         Self::new(ErrorKind::Internal, "internal error, the server logged the cause")

@@ -81,11 +81,13 @@ impl ForkStatus {
             ForkStatus::Failed => "failed",
         }
     }
-    pub fn parse(s: &str) -> ForkStatus {
+    /// `None` for a status this version does not know (written by a newer one, or by hand).
+    pub fn parse(s: &str) -> Option<ForkStatus> {
         match s {
-            "completed" => ForkStatus::Completed,
-            "failed" => ForkStatus::Failed,
-            _ => ForkStatus::Backfilling,
+            "backfilling" => Some(ForkStatus::Backfilling),
+            "completed" => Some(ForkStatus::Completed),
+            "failed" => Some(ForkStatus::Failed),
+            _ => None,
         }
     }
 }

@@ -20,6 +20,14 @@ pub struct Claims {
     pub server: Option<bool>,
 }
 
+impl Claims {
+    /// Whether the token was issued before `ns` (Unix nanoseconds), the app's
+    /// `revoke_tokens_issued_before`. The conversion of `iat` saturates instead of overflowing.
+    pub fn issued_before(&self, ns: i64) -> bool {
+        self.iat.is_some_and(|iat| iat.saturating_mul(1_000_000_000) < ns)
+    }
+}
+
 /// Verifies signature and times (`exp`, `nbf`; with 5 s of leeway) of a raw JWT.
 pub fn verify(token: &str, secret: &str, now_secs: i64) -> Result<Claims, Error> {
     let mut v = Validation::new(Algorithm::HS256);
@@ -58,6 +66,16 @@ pub fn sign(claims: &Claims, secret: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issued_before_saturates_instead_of_overflowing() {
+        let at = |iat| Claims { iat: Some(iat), ..Default::default() };
+        assert!(at(1).issued_before(2_000_000_000));
+        assert!(!at(3).issued_before(2_000_000_000));
+        assert!(!at(i64::MAX).issued_before(i64::MAX - 1));
+        assert!(at(i64::MIN).issued_before(0));
+        assert!(!Claims::default().issued_before(i64::MAX));
+    }
 
     #[test]
     fn server_and_user_tokens_verify_and_forged_ones_do_not() {

@@ -1,9 +1,10 @@
 //! Channels and members.
 
+use crate::messages::{insert_new_message, lock_channel};
 use crate::rows::{self, placeholders, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, Custom, Event, Member, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
 use offshoot_core::{time, Error};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -23,6 +24,20 @@ pub struct NewChannel {
     pub team: Option<String>,
     pub custom: Custom,
     pub members: Vec<MemberInput>,
+}
+
+/// A full channel update (`POST /channels/{type}/{id}`): every part is optional and all of it
+/// is one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelUpdate {
+    /// Replaces the custom data.
+    pub custom: Option<Custom>,
+    pub team: Option<String>,
+    pub frozen: Option<bool>,
+    pub add_members: Vec<MemberInput>,
+    pub remove_members: Vec<String>,
+    /// A system message to post, with its author.
+    pub message: Option<(NewMessage, User)>,
 }
 
 /// One member's read state of a channel.
@@ -94,15 +109,18 @@ impl Store {
 
     /// Get-or-create. Returns the channel and whether this call created it. A soft-deleted
     /// channel is brought back empty: its old messages stay hidden behind `truncated_at`.
+    /// Concurrent calls for the same new channel create it once; the others get it back.
     pub async fn create_channel(&self, new: &NewChannel) -> Result<(Channel, bool)> {
+        self.retrying("create_channel", || self.create_channel_once(new)).await
+    }
+
+    async fn create_channel_once(&self, new: &NewChannel) -> Result<(Channel, bool)> {
         let cid = offshoot_core::ids::cid(&new.kind, &new.id);
         let mut tx = self.begin().await?;
-        let existing = load_channel(&mut tx.tx, &cid).await?;
-        if let Some(ch) = &existing {
-            if ch.deleted_at.is_none() {
-                tx.commit(self).await?;
-                return Ok((existing.expect("checked"), false));
-            }
+        let existing = lock_and_load(&mut tx, &cid).await?;
+        if let Some(ch) = existing.clone().filter(|c| c.deleted_at.is_none()) {
+            tx.commit(self).await?;
+            return Ok((ch, false));
         }
         let now = time::now();
         if let Some(old) = existing {
@@ -115,51 +133,85 @@ impl Store {
                 .execute(&mut *tx.tx)
                 .await?;
             sqlx::query("DELETE FROM member WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
-        } else {
-            insert_channel_row(&mut tx, &cid, new, now).await?;
+        } else if !insert_channel_row(&mut tx, &cid, new, now).await? {
+            // Created by a concurrent request since we looked: that one wins, and it has
+            // committed (the insert waited for it). Answer with its channel.
+            drop(tx);
+            let ch = self.get_channel(&cid).await?;
+            return match ch {
+                Some(ch) => Ok((ch, false)),
+                None => not_found(format!("channel {cid:?} was deleted while it was created")),
+            };
         }
         let creator = match &new.created_by_id {
             Some(id) => load_users(&mut tx.tx, std::slice::from_ref(id)).await?.remove(id),
             None => None,
         };
-        let channel = load_channel(&mut tx.tx, &cid).await?.expect("just written");
+        let channel = reload(&mut tx, &cid).await?;
         tx.event(event_for("channel.created", &channel, creator.clone()).with_channel(&channel), to_watchers_and_hooks(&cid)).await?;
         add_members_tx(&mut tx, &channel, &new.members, creator.as_ref()).await?;
-        let channel = load_channel(&mut tx.tx, &cid).await?.expect("just written");
+        let channel = reload(&mut tx, &cid).await?;
         tx.commit(self).await?;
         Ok((channel, true))
     }
 
-    /// Full update: replaces the custom data (and team when given).
-    pub async fn update_channel(
-        &self,
-        cid: &str,
-        custom: Option<&Custom>,
-        team: Option<&str>,
-        frozen: Option<bool>,
-        actor: Option<&User>,
-    ) -> Result<Channel> {
+    /// Full update: replaces the custom data (and team when given), adds and removes members
+    /// and posts the optional system message, all in one transaction.
+    pub async fn update_channel(&self, cid: &str, update: &ChannelUpdate, actor: Option<&User>) -> Result<(Channel, Option<Message>)> {
+        self.retrying("update_channel", || self.update_channel_once(cid, update, actor)).await
+    }
+
+    async fn update_channel_once(&self, cid: &str, update: &ChannelUpdate, actor: Option<&User>) -> Result<(Channel, Option<Message>)> {
         let mut tx = self.begin().await?;
-        let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
-        if let Some(c) = custom {
-            ch.custom = c.clone();
+        let Some(mut ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        if ch.deleted_at.is_some() {
+            return not_found(format!("channel {cid:?} was deleted"));
         }
-        if let Some(t) = team {
-            ch.team = Some(t.to_string());
+        if update.custom.is_some() || update.team.is_some() || update.frozen.is_some() {
+            if let Some(c) = &update.custom {
+                ch.custom = c.clone();
+            }
+            if let Some(t) = &update.team {
+                ch.team = Some(t.clone());
+            }
+            if let Some(f) = update.frozen {
+                ch.frozen = f;
+            }
+            write_channel_fields(&mut tx, &ch).await?;
+            ch = reload(&mut tx, cid).await?;
+            tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
         }
-        if let Some(f) = frozen {
-            ch.frozen = f;
+        if !update.add_members.is_empty() {
+            add_members_tx(&mut tx, &ch, &update.add_members, actor).await?;
         }
-        write_channel_fields(&mut tx, &ch).await?;
-        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
-        tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
+        if !update.remove_members.is_empty() {
+            remove_members_tx(&mut tx, &ch, &update.remove_members, actor).await?;
+        }
+        let mut sys = None;
+        if let Some((new, author)) = &update.message {
+            let author = crate::messages::ensure_user(&mut tx, author).await?;
+            let m = insert_new_message(&mut tx, &ch, new, &author).await?;
+            let mut ev = event_for("message.new", &ch, Some(author));
+            ev.message = Some(m.clone());
+            tx.event(ev, to_watchers_and_hooks(cid)).await?;
+            sys = Some(m);
+        }
+        let ch = reload(&mut tx, cid).await?;
         tx.commit(self).await?;
-        Ok(ch)
+        let sys = match sys {
+            Some(m) => Some(self.hydrated(m, ch.truncated_at).await?),
+            None => None,
+        };
+        Ok((ch, sys))
     }
 
     pub async fn partial_update_channel(&self, cid: &str, set: &Custom, unset: &[String], actor: Option<&User>) -> Result<Channel> {
+        self.retrying("partial_update_channel", || self.partial_update_channel_once(cid, set, unset, actor)).await
+    }
+
+    async fn partial_update_channel_once(&self, cid: &str, set: &Custom, unset: &[String], actor: Option<&User>) -> Result<Channel> {
         let mut tx = self.begin().await?;
-        let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let Some(mut ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         for (k, v) in set {
             match k.as_str() {
                 "team" => ch.team = v.as_str().map(str::to_string),
@@ -185,72 +237,40 @@ impl Store {
             return domain(Error::input(format!("channel custom data would exceed {} bytes", offshoot_core::fork::MAX_CUSTOM_BYTES)));
         }
         write_channel_fields(&mut tx, &ch).await?;
-        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        let ch = reload(&mut tx, cid).await?;
         tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
         tx.commit(self).await?;
         Ok(ch)
     }
 
     pub async fn add_members(&self, cid: &str, members: &[MemberInput], actor: Option<&User>) -> Result<Channel> {
-        let mut tx = self.begin().await?;
-        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
-        add_members_tx(&mut tx, &ch, members, actor).await?;
-        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
-        tx.commit(self).await?;
-        Ok(ch)
+        let update = ChannelUpdate { add_members: members.to_vec(), ..Default::default() };
+        Ok(self.update_channel(cid, &update, actor).await?.0)
     }
 
     pub async fn remove_members(&self, cid: &str, user_ids: &[String], actor: Option<&User>) -> Result<Channel> {
-        let mut tx = self.begin().await?;
-        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
-        let users = load_users(&mut tx.tx, user_ids).await?;
-        for uid in user_ids {
-            let res = sqlx::query("DELETE FROM member WHERE cid = $1 AND user_id = $2")
-                .bind(cid.to_string())
-                .bind(uid.clone())
-                .execute(&mut *tx.tx)
-                .await?;
-            if res.rows_affected() == 0 {
-                continue;
-            }
-            let now = time::now();
-            let member = Member {
-                cid: cid.to_string(),
-                user_id: uid.clone(),
-                user: users.get(uid).cloned(),
-                channel_role: "channel_member".into(),
-                custom: Custom::new(),
-                created_at: now,
-                updated_at: now,
-            };
-            let mut ev = event_for("member.removed", &ch, actor.cloned().or_else(|| users.get(uid).cloned()));
-            ev.member = Some(member.clone());
-            tx.event(ev, to_watchers_and_hooks(cid)).await?;
-            let mut note = event_for("notification.removed_from_channel", &ch, actor.cloned());
-            note.member = Some(member);
-            note.channel = Some(ch.clone());
-            tx.event(note, Audience { watchers_of: None, users: vec![uid.clone()], webhooks: false }).await?;
-        }
-        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
-        tx.commit(self).await?;
-        Ok(ch)
+        let update = ChannelUpdate { remove_members: user_ids.to_vec(), ..Default::default() };
+        Ok(self.update_channel(cid, &update, actor).await?.0)
     }
 
     /// Soft delete keeps the rows and sets `deleted_at`; hard delete removes the channel, its
     /// members, messages, reactions and read state, and its fork row (freeing the source's slot).
     pub async fn delete_channel(&self, cid: &str, hard: bool, actor: Option<&User>) -> Result<Channel> {
+        self.retrying("delete_channel", || self.delete_channel_once(cid, hard, actor)).await
+    }
+
+    async fn delete_channel_once(&self, cid: &str, hard: bool, actor: Option<&User>) -> Result<Channel> {
         let mut tx = self.begin().await?;
-        let Some(mut ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let Some(mut ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         let now = time::now();
         if hard {
-            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1)")
-                .bind(cid.to_string())
-                .execute(&mut *tx.tx)
-                .await?;
             for sql in [
+                "DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1)",
+                "DELETE FROM message_restricted WHERE message_id IN (SELECT id FROM message WHERE cid = $1)",
                 "DELETE FROM message WHERE cid = $1",
                 "DELETE FROM member WHERE cid = $1",
                 "DELETE FROM channel_read WHERE cid = $1",
+                "DELETE FROM ai_state WHERE cid = $1",
                 "DELETE FROM fork WHERE cid = $1",
                 "DELETE FROM channel WHERE cid = $1",
             ] {
@@ -355,7 +375,7 @@ impl Store {
              (SELECT COUNT(*) FROM message m WHERE m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) AND m.created_at > $2 \
               AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
               AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-              AND (m.restricted_visibility = '[]' OR m.restricted_visibility LIKE '%\"' || mb.user_id || '\"%')) AS unread \
+              AND (m.restricted_visibility = '[]' OR EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = m.id AND mr.user_id = mb.user_id))) AS unread \
              FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
              WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $3",
         )
@@ -389,6 +409,11 @@ impl Store {
     }
 
     pub async fn mark_read(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
+        self.retrying("mark_read", || self.mark_read_once(cid, user, message_id)).await
+    }
+
+    /// One upsert of the member's read row; the channel row is only read.
+    async fn mark_read_once(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
         let mut tx = self.begin().await?;
         let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         let now = time::now();
@@ -415,9 +440,25 @@ impl WithChannel for Event {
     }
 }
 
-pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel, now: i64) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO channel (cid, type, id, created_by_id, team, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7)",
+/// Locks a channel's row (PostgreSQL) and loads it: the first step of every write that touches
+/// a channel or its members or messages (crate doc, lock order).
+pub(crate) async fn lock_and_load(tx: &mut Tx, cid: &str) -> Result<Option<Channel>> {
+    lock_channel(tx, cid).await?;
+    load_channel(&mut tx.tx, cid).await
+}
+
+/// The channel as this transaction sees it now; it holds the channel's lock, so it exists.
+pub(crate) async fn reload(tx: &mut Tx, cid: &str) -> Result<Channel> {
+    match load_channel(&mut tx.tx, cid).await? {
+        Some(ch) => Ok(ch),
+        None => not_found(format!("channel {cid:?} does not exist")),
+    }
+}
+
+/// Inserts a channel row; false when the cid exists already.
+pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel, now: i64) -> Result<bool> {
+    let res = sqlx::query(
+        "INSERT INTO channel (cid, type, id, created_by_id, team, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (cid) DO NOTHING",
     )
     .bind(cid.to_string())
     .bind(new.kind.clone())
@@ -428,7 +469,7 @@ pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel,
     .bind(now)
     .execute(&mut *tx.tx)
     .await?;
-    Ok(())
+    Ok(res.rows_affected() == 1)
 }
 
 async fn write_channel_fields(tx: &mut Tx, ch: &Channel) -> Result<()> {
@@ -450,6 +491,9 @@ pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberI
     let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
     let users = load_users(&mut tx.tx, &ids).await?;
     let now = time::now();
+    // Member rows in user id order (crate doc, lock order).
+    let mut members: Vec<&MemberInput> = members.iter().collect();
+    members.sort_by(|a, b| a.user_id.cmp(&b.user_id));
     for m in members {
         let role = m.channel_role.clone().unwrap_or_else(|| {
             if ch.created_by_id.as_deref() == Some(m.user_id.as_str()) {
@@ -485,6 +529,43 @@ pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberI
         note.member = Some(member);
         note.channel = Some(ch.clone());
         tx.event(note, Audience { watchers_of: None, users: vec![m.user_id.clone()], webhooks: false }).await?;
+    }
+    Ok(())
+}
+
+/// Removes members, with `member.removed` and `notification.removed_from_channel` for each
+/// that was a member.
+pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[String], actor: Option<&User>) -> Result<()> {
+    let users = load_users(&mut tx.tx, user_ids).await?;
+    let mut ids: Vec<&String> = user_ids.iter().collect();
+    ids.sort();
+    ids.dedup();
+    for uid in ids {
+        let res = sqlx::query("DELETE FROM member WHERE cid = $1 AND user_id = $2")
+            .bind(ch.cid.clone())
+            .bind(uid.clone())
+            .execute(&mut *tx.tx)
+            .await?;
+        if res.rows_affected() == 0 {
+            continue;
+        }
+        let now = time::now();
+        let member = Member {
+            cid: ch.cid.clone(),
+            user_id: uid.clone(),
+            user: users.get(uid).cloned(),
+            channel_role: "channel_member".into(),
+            custom: Custom::new(),
+            created_at: now,
+            updated_at: now,
+        };
+        let mut ev = event_for("member.removed", ch, actor.cloned().or_else(|| users.get(uid).cloned()));
+        ev.member = Some(member.clone());
+        tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
+        let mut note = event_for("notification.removed_from_channel", ch, actor.cloned());
+        note.member = Some(member);
+        note.channel = Some(ch.clone());
+        tx.event(note, Audience { watchers_of: None, users: vec![uid.clone()], webhooks: false }).await?;
     }
     Ok(())
 }

@@ -8,24 +8,31 @@ use offshoot_core::time;
 use sqlx::any::AnyRow;
 
 impl Tx {
-    /// Appends an event to the outbox in this transaction.
+    /// Queues an event for the outbox; it is written when this transaction commits.
     pub(crate) async fn event(&mut self, event: Event, audience: Audience) -> Result<()> {
-        if self.backend == Backend::Postgres && !self.wrote_events {
-            // Serialise outbox writers until commit, so `seq` order is commit order and a
-            // consumer's cursor never skips an event committed late.
-            sqlx::query("SELECT pg_advisory_xact_lock(7261001)").execute(&mut *self.tx).await?;
-        }
-        self.wrote_events = true;
+        self.events.push((event, audience));
+        Ok(())
+    }
+}
+
+/// Writes a committing transaction's events. On PostgreSQL it first takes the outbox lock and
+/// holds it until commit, so `seq` order is commit order and a consumer's cursor never skips
+/// an event committed late; it is the last lock of every transaction (crate doc, lock order).
+pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<(Event, Audience)>) -> Result<()> {
+    if backend == Backend::Postgres {
+        sqlx::query("SELECT pg_advisory_xact_lock(7261001)").execute(&mut **tx).await?;
+    }
+    for (event, audience) in events {
         sqlx::query("INSERT INTO event (type, cid, payload, audience, created_at) VALUES ($1, $2, $3, $4, $5)")
             .bind(event.kind.clone())
             .bind(event.cid.clone())
             .bind(serde_json::to_string(&event)?)
             .bind(serde_json::to_string(&audience)?)
             .bind(event.created_at)
-            .execute(&mut *self.tx)
+            .execute(&mut **tx)
             .await?;
-        Ok(())
     }
+    Ok(())
 }
 
 /// Decodes an outbox row. A payload that no longer decodes (written by another version) becomes
@@ -170,21 +177,28 @@ impl Store {
 }
 
 impl Store {
-    /// Publishes a client event (typing, AI state, custom) through the outbox.
+    /// Publishes a client event (typing, AI state, custom) through the outbox. AI-state events
+    /// also keep the message's state in `ai_state` (read by `require_finished`).
     pub async fn publish(&self, event: Event, audience: Audience) -> Result<()> {
-        let mut tx = self.begin().await?;
-        tx.event(event, audience).await?;
-        tx.commit(self).await
+        self.retrying("publish", || async {
+            let mut tx = self.begin().await?;
+            record_ai_state(&mut tx, &event).await?;
+            tx.event(event.clone(), audience.clone()).await?;
+            tx.commit(self).await
+        })
+        .await
     }
 }
 
 impl Store {
     /// Deletes outbox events created before `before` that every consumer cursor has passed and
-    /// no webhook delivery still needs. Returns how many were deleted.
+    /// no webhook delivery still needs (with no cursor at all, as in a deployment without a
+    /// worker, age alone decides: a consumer created later starts at the end). Returns how many
+    /// were deleted.
     pub async fn prune_events(&self, before: i64) -> Result<u64> {
         let mut tx = self.begin().await?;
         let res = sqlx::query(
-            "DELETE FROM event WHERE created_at < $1 AND seq <= COALESCE((SELECT MIN(seq) FROM outbox_cursor), 0) \
+            "DELETE FROM event WHERE created_at < $1 AND seq <= COALESCE((SELECT MIN(seq) FROM outbox_cursor), event.seq) \
              AND NOT EXISTS (SELECT 1 FROM webhook_delivery d WHERE d.seq = event.seq)",
         )
         .bind(before)
@@ -193,6 +207,38 @@ impl Store {
         tx.commit(self).await?;
         Ok(res.rows_affected())
     }
+}
+
+/// `ai_indicator.update` sets a message's AI state; `ai_indicator.clear` / `.stop` end it (for
+/// one message, or for the whole channel when they name none).
+async fn record_ai_state(tx: &mut Tx, event: &Event) -> Result<()> {
+    let Some(cid) = &event.cid else { return Ok(()) };
+    let message_id = event.extra.get("message_id").and_then(serde_json::Value::as_str);
+    let now = time::now();
+    match (event.kind.as_str(), message_id) {
+        ("ai_indicator.update", Some(mid)) => {
+            let state = event.extra.get("ai_state").and_then(serde_json::Value::as_str).unwrap_or_default();
+            sqlx::query("INSERT INTO ai_state (cid, message_id, state, created_at, updated_at) VALUES ($1, $2, $3, $4, $4) ON CONFLICT (cid, message_id) DO UPDATE SET state = $3, updated_at = $4")
+                .bind(cid.clone())
+                .bind(mid.to_string())
+                .bind(state.to_string())
+                .bind(now)
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        ("ai_indicator.clear" | "ai_indicator.stop", Some(mid)) => {
+            sqlx::query("DELETE FROM ai_state WHERE cid = $1 AND message_id = $2")
+                .bind(cid.clone())
+                .bind(mid.to_string())
+                .execute(&mut *tx.tx)
+                .await?;
+        }
+        ("ai_indicator.clear" | "ai_indicator.stop", None) => {
+            sqlx::query("DELETE FROM ai_state WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Queues one webhook delivery per (event seq, url), due now.

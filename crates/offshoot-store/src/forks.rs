@@ -1,7 +1,7 @@
 //! Fork: the synchronous part (one transaction: channel, members, newest page, summary, task,
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
-use crate::channels::{event_for, insert_channel_row, load_channel, load_members, MemberInput, NewChannel};
+use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
 use crate::messages::{bind_all, ensure_user, load_message, lock_channel, Bind};
 use crate::rows::{self, placeholders, FORK_COLS};
 use crate::users::load_users;
@@ -215,6 +215,18 @@ async fn copy_messages(
             q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
         }
         q.execute(&mut *tx.tx).await?;
+        // Restricted visibility rows of the copies (few messages have any).
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 1 + i * 2, 2))).collect();
+        let sql = format!(
+            "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) \
+             SELECT v.column2, r.user_id, r.created_at, r.updated_at FROM (VALUES {}) AS v JOIN message_restricted r ON r.message_id = v.column1",
+            values.join(", ")
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for (src, copy, _, _) in chunk {
+            q = q.bind(src.clone()).bind(copy.clone());
+        }
+        q.execute(&mut *tx.tx).await?;
     }
     let copied = plan.len() as i64;
     for (src, copy, parent, _) in plan {
@@ -269,8 +281,8 @@ fn eligible_binds(source_cid: &str, truncated_at: Option<i64>, point: (i64, &str
 /// Writes `channel.forked` on the source (watchers and webhooks) and on the fork (watchers and
 /// its first 100 members, WebSocket only; webhooks too when the source is gone or deleted).
 async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
-    let fork_ch = load_channel(&mut tx.tx, fork_cid).await?.expect("the fork exists");
-    let summary = fork_ch.fork.clone().expect("a fork has a summary");
+    let Some(fork_ch) = load_channel(&mut tx.tx, fork_cid).await? else { return not_found(format!("fork {fork_cid:?} does not exist")) };
+    let Some(summary) = fork_ch.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
     let user = match &summary.created_by_id {
         Some(id) => load_users(&mut tx.tx, std::slice::from_ref(id)).await?.remove(id),
         None => None,
@@ -292,26 +304,16 @@ async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether the newest AI-state event about `message_id` in `cid` says the agent is still
-/// writing it (an `ai_indicator.update` not followed by `ai_indicator.clear` / `.stop`).
+/// Whether the agent is still writing `message_id` in `cid`: its AI state (kept by
+/// [`Store::publish`] from `ai_indicator.update` / `.clear` / `.stop`) is a generating one.
 async fn still_generating(conn: &mut AnyConnection, cid: &str, message_id: &str) -> Result<bool> {
-    let rows: Vec<AnyRow> = sqlx::query("SELECT type, payload FROM event WHERE cid = $1 AND type IN ('ai_indicator.update', 'ai_indicator.clear', 'ai_indicator.stop') ORDER BY seq DESC LIMIT 200")
+    let row: Option<AnyRow> = sqlx::query("SELECT state FROM ai_state WHERE cid = $1 AND message_id = $2")
         .bind(cid.to_string())
-        .fetch_all(&mut *conn)
+        .bind(message_id.to_string())
+        .fetch_optional(&mut *conn)
         .await?;
-    for row in rows {
-        let event: Event = serde_json::from_str(&rows::get_str(&row, "payload")?)?;
-        let about = event.extra.get("message_id").and_then(Value::as_str);
-        // A clear or stop without a message id ends every indicator of the channel.
-        if event.kind != "ai_indicator.update" && about.is_none_or(|m| m == message_id) {
-            return Ok(false);
-        }
-        if event.kind == "ai_indicator.update" && about == Some(message_id) {
-            let state = event.extra.get("ai_state").and_then(Value::as_str).unwrap_or_default();
-            return Ok(!matches!(state, "AI_STATE_ERROR" | "AI_STATE_IDLE" | ""));
-        }
-    }
-    Ok(false)
+    let state = row.map(|r| rows::get_str(&r, "state")).transpose()?.unwrap_or_default();
+    Ok(!matches!(state.as_str(), "AI_STATE_ERROR" | "AI_STATE_IDLE" | ""))
 }
 
 async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()> {
@@ -336,11 +338,11 @@ async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()>
 impl Store {
     /// The fork request: everything in one transaction.
     pub async fn create_fork(&self, req: &ForkRequest) -> Result<ForkOutcome> {
-        match self.create_fork_once(req).await {
+        match self.retrying("create_fork", || self.create_fork_once(req)).await {
             // A request from another source (not serialised by the source's lock) created the
             // target channel first. It has committed by now: look again, so this request gets
             // the answer the fork document gives (fork_target_conflict, or fork_target_exists).
-            Err(crate::StoreError::Conflict(_)) => self.create_fork_once(req).await,
+            Err(crate::StoreError::Conflict(_)) => self.retrying("create_fork", || self.create_fork_once(req)).await,
             other => other,
         }
     }
@@ -355,10 +357,11 @@ impl Store {
         if let Some(existing) = load_fork_row(&mut tx.tx, &fork_cid).await? {
             let s = &existing.summary;
             if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
-                let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("a fork row has its channel");
+                let channel = reload(&mut tx, &fork_cid).await?;
                 tx.commit(self).await?;
+                let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
                 return Ok(ForkOutcome {
-                    fork: channel.fork.clone().expect("fork"),
+                    fork,
                     channel,
                     message_id_map: existing.first_page_map,
                     created: false,
@@ -506,9 +509,10 @@ impl Store {
                 plan::MAX_CUSTOM_BYTES
             )));
         }
-        // A unique violation here means another request created the channel since we looked;
-        // `create_fork` looks again.
-        insert_channel_row(&mut tx, &fork_cid, &new, now).await?;
+        // Another request created the channel since we looked: `create_fork` looks again.
+        if !insert_channel_row(&mut tx, &fork_cid, &new, now).await? {
+            return Err(crate::StoreError::Conflict(format!("channel {fork_cid:?} was created concurrently")));
+        }
         for m in &members {
             let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
             sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
@@ -568,7 +572,7 @@ impl Store {
         .await?;
 
         // channel.created and notification.added_to_channel, once.
-        let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("just created");
+        let channel = reload(&mut tx, &fork_cid).await?;
         let mut ev = event_for("channel.created", &channel, creator.clone());
         ev.channel = Some(channel.clone());
         tx.event(ev, Audience { watchers_of: Some(fork_cid.clone()), users: Vec::new(), webhooks: true }).await?;
@@ -590,10 +594,11 @@ impl Store {
             // Finished synchronously: there is no background task.
             sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1").bind(fork_cid.clone()).execute(&mut *tx.tx).await?;
         }
-        let channel = load_channel(&mut tx.tx, &fork_cid).await?.expect("just created");
+        let channel = reload(&mut tx, &fork_cid).await?;
         tx.started_fork = !finished;
         tx.commit(self).await?;
-        Ok(ForkOutcome { fork: channel.fork.clone().expect("fork"), channel, message_id_map: map, created: true })
+        let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
+        Ok(ForkOutcome { fork, channel, message_id_map: map, created: true })
     }
 
     /// Forks still copying, oldest first.
@@ -605,7 +610,14 @@ impl Store {
 
     /// Copies the next page of a backfilling fork, in one transaction with its cursor.
     pub async fn backfill_step(&self, fork_cid: &str, page_size: i64) -> Result<BackfillStep> {
+        self.retrying("backfill_step", || self.backfill_step_once(fork_cid, page_size)).await
+    }
+
+    async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<BackfillStep> {
         let mut tx = self.begin().await?;
+        // The fork's channel row first (a message sent into the fork locks it too), then the
+        // fork row: one backfill page at a time per fork, across processes (crate doc).
+        lock_channel(&mut tx, fork_cid).await?;
         if self.backend() == Backend::Postgres {
             sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
         }

@@ -8,6 +8,35 @@
 //! write serialisation on SQLite) branch on [`Backend`]. Two copies of every query would drift;
 //! the conformance suite (`tests/conformance.rs`) runs every method on both backends.
 //!
+//! # Concurrent writers
+//!
+//! SQLite serialises write transactions (one process-wide lock plus `BEGIN IMMEDIATE`);
+//! PostgreSQL runs them concurrently at READ COMMITTED, so every read-modify-write here either
+//! is one statement (`INSERT … ON CONFLICT DO UPDATE`, `UPDATE … SET n = n + 1`) or reads under
+//! a row lock (`SELECT … FOR UPDATE`, `Tx::for_update`) what it writes back. Each public
+//! write method is one transaction.
+//!
+//! **Lock order.** Every transaction takes its locks in this order, and only the prefix it needs:
+//!
+//! 1. the channel row (`lock_channel`): the first step of every write that touches a channel,
+//!    its members or its messages (a message's channel is looked up, then locked, then the
+//!    message is read under that lock); a fork locks its source's row, a backfill page its
+//!    fork's channel row;
+//! 2. the fork row (backfill pages);
+//! 3. member rows, in user id order;
+//! 4. message rows (new messages, reply counts of parents, copies);
+//! 5. user rows, in user id order (upserts and partial updates lock only these; the app row
+//!    and channel type rows are, like them, locked alone);
+//! 6. the outbox: events are collected in the transaction and written at commit under a
+//!    transaction-scoped advisory lock, so the outbox lock is always the last one.
+//!
+//! **Retry rule.** A transaction that still loses to a concurrent writer (SQLSTATE 40P01
+//! deadlock, 40001 serialization failure) is rolled back and run again from the start by
+//! `Store::retrying`, at most 5 attempts with a short random pause; if it keeps losing, the
+//! caller gets [`StoreError::Retryable`], which the API answers with a 503 envelope. A lost or
+//! refused connection is [`StoreError::Unavailable`] (503 too) and is not retried here: its
+//! commit may or may not have happened.
+//!
 //! This crate may depend on `offshoot-core` and sqlx; it must not depend on axum, the API, the
 //! worker or the WebSocket crates.
 
@@ -18,10 +47,10 @@ mod messages;
 mod rows;
 mod users;
 
-pub use channels::{ChannelFilter, MemberInput, NewChannel, ReadState};
+pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState};
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
-pub use users::UserInput;
+pub use users::{UserInput, UserPatch};
 
 use offshoot_core::{Error, ErrorKind};
 use sqlx::any::{AnyPoolOptions, AnyRow};
@@ -40,11 +69,18 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub fn from_url(url: &str) -> Backend {
+    /// The backend a database URL names: `sqlite:` or `postgres://` / `postgresql://`.
+    /// Anything else is refused, so a typo never silently becomes a local SQLite file.
+    pub fn from_url(url: &str) -> Result<Backend> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Backend::Postgres
+            Ok(Backend::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
         } else {
-            Backend::Sqlite
+            let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or(url);
+            Err(StoreError::Config(format!(
+                "DATABASE_URL scheme {scheme:?} is not supported: use sqlite://path?mode=rwc or postgres://user@host:5432/db"
+            )))
         }
     }
     pub fn name(self) -> &'static str {
@@ -60,20 +96,58 @@ impl Backend {
 pub enum StoreError {
     #[error("{0}")]
     Domain(#[from] Error),
+    /// A unique constraint refused a write. The constraint's text is for the log only.
     #[error("unique constraint violated: {0}")]
     Conflict(String),
+    /// A deadlock or serialization failure (SQLSTATE 40P01, 40001): the transaction was rolled
+    /// back and may be run again. [`Store`] retries these itself a bounded number of times.
+    #[error("transaction lost to a concurrent writer: {0}")]
+    Retryable(sqlx::Error),
+    /// The database cannot be reached (connection cut, pool exhausted, server shutting down).
+    #[error("database unavailable: {0}")]
+    Unavailable(sqlx::Error),
+    /// The configuration names something the store cannot use.
+    #[error("{0}")]
+    Config(String),
     #[error("database error: {0}")]
     Db(sqlx::Error),
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        if let sqlx::Error::Database(db) = &e {
-            if db.is_unique_violation() {
-                return StoreError::Conflict(db.message().to_string());
+        match &e {
+            sqlx::Error::Database(db) => {
+                if db.is_unique_violation() {
+                    return StoreError::Conflict(db.message().to_string());
+                }
+                match db.code().as_deref() {
+                    // deadlock_detected, serialization_failure
+                    Some("40P01") | Some("40001") => StoreError::Retryable(e),
+                    // connection exceptions, admin/crash shutdown, cannot connect now
+                    Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => StoreError::Unavailable(e),
+                    // SQLite: the database is locked by another process past busy_timeout
+                    Some("5") | Some("517") | Some("6") => StoreError::Unavailable(e),
+                    // character_not_in_repertoire (a NUL in text): refused before the database,
+                    // but never a 500 if something slips through
+                    Some("22021") => StoreError::Domain(Error::input("text fields cannot contain NUL characters (\\u0000)")),
+                    _ => StoreError::Db(e),
+                }
             }
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_) => StoreError::Unavailable(e),
+            _ => StoreError::Db(e),
         }
-        StoreError::Db(e)
+    }
+}
+
+impl StoreError {
+    /// Whether running the whole transaction again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Retryable(_))
     }
 }
 
@@ -81,14 +155,25 @@ impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Domain(e) => e,
-            StoreError::Conflict(c) => Error::input(format!("the request conflicts with existing data ({c})")),
+            StoreError::Conflict(c) => {
+                tracing::info!(constraint = %c, "write refused by a unique constraint");
+                Error::input("the request conflicts with existing data (an object with that id exists already)")
+            }
+            StoreError::Retryable(e) => {
+                tracing::warn!(error = %e, "transaction still losing to concurrent writers after retries");
+                Error::unavailable("the database is busy with concurrent writes to the same object; retry the request")
+            }
+            StoreError::Unavailable(e) => {
+                tracing::warn!(error = %e, "database unavailable");
+                Error::unavailable("the database is unavailable; retry the request")
+            }
+            StoreError::Config(m) => {
+                tracing::error!(message = %m, "store configuration error");
+                Error::internal()
+            }
             StoreError::Db(e) => {
                 tracing::error!(error = %e, "database error");
-                let mut err = Error::internal();
-                if let sqlx::Error::PoolTimedOut = e {
-                    err.message = "the database is busy, try again".into();
-                }
-                err
+                Error::internal()
             }
         }
     }
@@ -125,20 +210,35 @@ pub struct Store {
     url: Arc<str>,
 }
 
-/// A write transaction.
+/// A write transaction. Events are collected while it runs and written to the outbox when it
+/// commits, so the outbox lock is always the last lock a transaction takes (see the lock order
+/// in the crate doc).
 pub(crate) struct Tx {
     pub(crate) tx: Transaction<'static, Any>,
     backend: Backend,
-    wrote_events: bool,
+    events: Vec<(offshoot_core::model::Event, offshoot_core::model::Audience)>,
     pub(crate) started_fork: bool,
     _guard: Option<OwnedMutexGuard<()>>,
 }
 
 impl Tx {
+    /// ` FOR UPDATE` on PostgreSQL, to append to a `SELECT` whose rows this transaction will
+    /// write; nothing on SQLite, whose write transactions are serialised already.
+    pub(crate) fn for_update(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => " FOR UPDATE",
+            Backend::Sqlite => "",
+        }
+    }
+
     pub(crate) async fn commit(self, store: &Store) -> Result<()> {
-        let (wrote, forked) = (self.wrote_events, self.started_fork);
-        let mut tx = self.tx;
-        if self.backend == Backend::Postgres {
+        let forked = self.started_fork;
+        let Tx { mut tx, backend, events, .. } = self;
+        let wrote = !events.is_empty();
+        if wrote {
+            events::append(&mut tx, backend, events).await?;
+        }
+        if backend == Backend::Postgres {
             // NOTIFY is transactional: other processes hear it when this commits.
             if wrote {
                 sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
@@ -158,11 +258,15 @@ impl Tx {
     }
 }
 
+/// How often a transaction that lost to a concurrent writer (deadlock, serialization failure)
+/// is run again before the client gets a 503.
+const WRITE_ATTEMPTS: u32 = 5;
+
 impl Store {
     /// Connects, applies the migrations and returns the store.
     pub async fn connect(url: &str) -> Result<Store> {
         sqlx::any::install_default_drivers();
-        let backend = Backend::from_url(url);
+        let backend = Backend::from_url(url)?;
         let pool = match backend {
             Backend::Sqlite => {
                 AnyPoolOptions::new()
@@ -182,7 +286,8 @@ impl Store {
             Backend::Postgres => {
                 AnyPoolOptions::new()
                     .max_connections(16)
-                    .acquire_timeout(Duration::from_secs(30))
+                    // Bounded, so requests during an outage answer 503 instead of hanging.
+                    .acquire_timeout(Duration::from_secs(5))
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             // Prepared statements would switch to generic plans, which cannot
@@ -273,7 +378,29 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         };
-        Ok(Tx { tx, backend: self.backend, wrote_events: false, started_fork: false, _guard: guard })
+        Ok(Tx { tx, backend: self.backend, events: Vec::new(), started_fork: false, _guard: guard })
+    }
+
+    /// Runs a write transaction, again (after a short random pause) when it lost to a
+    /// concurrent writer, at most [`WRITE_ATTEMPTS`] times. `f` must build its transaction from
+    /// scratch each time: nothing of a rolled-back attempt survives.
+    pub(crate) async fn retrying<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match f().await {
+                Err(e) if e.is_retryable() && attempt < WRITE_ATTEMPTS => {
+                    tracing::debug!(what, attempt, error = %e, "retrying a transaction that lost to a concurrent writer");
+                    let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0]) % 20;
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt) + jitter)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     pub(crate) fn pool(&self) -> &AnyPool {
@@ -290,7 +417,10 @@ impl Store {
     /// pair replaces the stored one; with none configured, a pair is generated once.
     pub async fn ensure_app(&self, key: Option<&str>, secret: Option<&str>) -> Result<(String, String, bool)> {
         let mut tx = self.begin().await?;
-        let row: Option<AnyRow> = sqlx::query("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_optional(&mut *tx.tx).await?;
+        let row: Option<AnyRow> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT api_key, api_secret FROM app WHERE id = 1{}", tx.for_update())))
+                .fetch_optional(&mut *tx.tx)
+                .await?;
         let now = offshoot_core::time::now();
         let result = match (row, key, secret) {
             (Some(_), Some(k), Some(s)) => {
@@ -309,14 +439,21 @@ impl Store {
                 let s =
                     s.map(str::to_string).unwrap_or_else(|| format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()));
                 let settings = serde_json::to_string(&offshoot_core::model::AppSettings::default())?;
-                sqlx::query("INSERT INTO app (id, api_key, api_secret, settings, created_at, updated_at) VALUES (1, $1, $2, $3, $4, $4)")
+                // Two processes starting on a new database: the first insert wins.
+                let res = sqlx::query("INSERT INTO app (id, api_key, api_secret, settings, created_at, updated_at) VALUES (1, $1, $2, $3, $4, $4) ON CONFLICT (id) DO NOTHING")
                     .bind(k.clone())
                     .bind(s.clone())
                     .bind(settings)
                     .bind(now)
                     .execute(&mut *tx.tx)
                     .await?;
-                (k, s, generated)
+                if res.rows_affected() == 0 {
+                    // Another process created the app row first: use its pair.
+                    let row: AnyRow = sqlx::query("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(&mut *tx.tx).await?;
+                    (rows::get_str(&row, "api_key")?, rows::get_str(&row, "api_secret")?, false)
+                } else {
+                    (k, s, generated)
+                }
             }
         };
         tx.commit(self).await?;
@@ -331,13 +468,58 @@ impl Store {
         }
     }
 
-    pub async fn update_app_settings(&self, settings: &offshoot_core::model::AppSettings) -> Result<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query("UPDATE app SET settings = $1, updated_at = $2 WHERE id = 1")
-            .bind(serde_json::to_string(settings)?)
-            .bind(offshoot_core::time::now())
-            .execute(&mut *tx.tx)
-            .await?;
-        tx.commit(self).await
+    /// Changes the app settings under the app row's lock, so concurrent `PATCH /app` calls that
+    /// change different settings all survive. `change` may run more than once (retries).
+    pub async fn update_app_settings<F>(&self, change: F) -> Result<offshoot_core::model::AppSettings>
+    where
+        F: Fn(&mut offshoot_core::model::AppSettings) -> offshoot_core::error::Result<()>,
+    {
+        self.retrying("update_app_settings", || async {
+            let mut tx = self.begin().await?;
+            let row: Option<AnyRow> =
+                sqlx::query(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
+                    .fetch_optional(&mut *tx.tx)
+                    .await?;
+            let mut settings: offshoot_core::model::AppSettings = match row {
+                Some(row) => serde_json::from_str(&rows::get_str(&row, "settings")?)?,
+                None => Default::default(),
+            };
+            change(&mut settings)?;
+            sqlx::query("UPDATE app SET settings = $1, updated_at = $2 WHERE id = 1")
+                .bind(serde_json::to_string(&settings)?)
+                .bind(offshoot_core::time::now())
+                .execute(&mut *tx.tx)
+                .await?;
+            tx.commit(self).await?;
+            Ok(settings)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constraint_texts_and_database_errors_never_reach_the_client_message() {
+        let conflict = Error::from(StoreError::Conflict("duplicate key value violates unique constraint \"message_pkey\"".into()));
+        assert_eq!(conflict.kind, ErrorKind::Input);
+        assert!(!conflict.message.contains("message_pkey") && !conflict.message.contains("duplicate key"), "{}", conflict.message);
+        let busy = Error::from(StoreError::Retryable(sqlx::Error::Protocol("deadlock detected on relation 12345".into())));
+        assert_eq!((busy.kind, busy.kind.status()), (ErrorKind::Unavailable, 503));
+        assert!(!busy.message.contains("12345"), "{}", busy.message);
+        let down = Error::from(StoreError::from(sqlx::Error::PoolTimedOut));
+        assert_eq!(down.kind, ErrorKind::Unavailable);
+        let other = Error::from(StoreError::Db(sqlx::Error::Protocol("relation \"secret_table\" does not exist".into())));
+        assert_eq!(other.kind, ErrorKind::Internal);
+        assert!(!other.message.contains("secret_table"), "{}", other.message);
+    }
+
+    #[test]
+    fn only_lost_races_are_retried() {
+        assert!(StoreError::Retryable(sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(!StoreError::from(sqlx::Error::PoolTimedOut).is_retryable(), "a commit of unknown outcome is not run again");
+        assert!(!StoreError::Conflict(String::new()).is_retryable());
     }
 }

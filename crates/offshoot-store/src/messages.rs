@@ -1,7 +1,7 @@
 //! Messages, replies, reactions, truncation and rewind, with the visibility rules every read
 //! applies.
 
-use crate::channels::{event_for, load_channel, to_watchers_and_hooks};
+use crate::channels::{event_for, load_channel, lock_and_load, reload, to_watchers_and_hooks};
 use crate::rows::{self, placeholders, MESSAGE_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
@@ -55,10 +55,6 @@ pub(crate) fn bind_all<'q>(
     q
 }
 
-fn like_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
-}
-
 /// The SQL condition (on alias `m`) for messages `viewer` may see in a channel truncated at
 /// `truncated_at`: not rewound, not truncated, shadowed only for their author, restricted
 /// visibility only for the listed users and the author. Server-side sees all but hidden ones.
@@ -68,13 +64,18 @@ pub(crate) fn visible_to(viewer: &Viewer, truncated_at: Option<i64>, binds: &mut
     if let Some(uid) = viewer.user_id() {
         binds.push(Bind::S(uid.to_string()));
         let u = binds.len();
-        binds.push(Bind::S(format!("%\"{}\"%", like_escape(uid))));
-        let p = binds.len();
         sql.push_str(&format!(
-            " AND (m.shadowed = FALSE OR m.user_id = ${u}) AND (m.restricted_visibility = '[]' OR m.user_id = ${u} OR m.restricted_visibility LIKE ${p} ESCAPE '\\')"
+            " AND (m.shadowed = FALSE OR m.user_id = ${u}) AND (m.restricted_visibility = '[]' OR m.user_id = ${u} OR {})",
+            restricted_to("m.id", &format!("${u}"))
         ));
     }
     sql
+}
+
+/// The SQL condition that the message `message_id` (a column) lists `user` (a column or a
+/// placeholder) in its restricted visibility: an exact match on the (message, user) table.
+pub(crate) fn restricted_to(message_id: &str, user: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = {message_id} AND mr.user_id = {user})")
 }
 
 /// Whether one loaded message is visible to `viewer` (the same rule as [`visible_to`]).
@@ -140,8 +141,13 @@ impl Store {
     /// Sends a message. Checks, in the transaction: the id is free (and not reserved by a fork
     /// still copying), the parent is a top-level message of the channel, the quote exists.
     pub async fn send_message(&self, cid: &str, new: &NewMessage, author: &User) -> Result<Message> {
+        let (m, truncated_at) = self.retrying("send_message", || self.send_message_once(cid, new, author)).await?;
+        self.hydrated(m, truncated_at).await
+    }
+
+    async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
         let mut tx = self.begin().await?;
-        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let Some(ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         if ch.deleted_at.is_some() {
             return not_found(format!("channel {cid:?} was deleted"));
         }
@@ -151,25 +157,37 @@ impl Store {
         ev.message = Some(m.clone());
         tx.event(ev, to_watchers_and_hooks(cid)).await?;
         tx.commit(self).await?;
-        let mut conn = self.pool().acquire().await?;
-        let mut out = vec![m];
-        hydrate_messages(&mut conn, &mut out, &Viewer::Server, ch.truncated_at).await?;
-        Ok(out.pop().expect("one"))
+        Ok((m, ch.truncated_at))
     }
 
-    /// Applies `change` to a stored message and announces `message.updated`.
+    /// A message with its users, reactions and quote filled in, as a server-side reader sees it.
+    pub(crate) async fn hydrated(&self, m: Message, truncated_at: Option<i64>) -> Result<Message> {
+        let mut conn = self.pool().acquire().await?;
+        let mut out = vec![m];
+        hydrate_messages(&mut conn, &mut out, &Viewer::Server, truncated_at).await?;
+        Ok(out.pop().expect("one message in, one out"))
+    }
+
+    /// Applies `change` to a stored message and announces `message.updated`. The message's
+    /// channel is locked first, so concurrent changes of one message apply one after the other
+    /// and none is lost; `change` may run more than once (a retried transaction).
     pub async fn update_message<F>(&self, id: &str, actor: &User, change: F) -> Result<Message>
     where
-        F: FnOnce(&mut Message) -> offshoot_core::error::Result<()> + Send,
+        F: Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync,
+    {
+        self.retrying("update_message", || self.update_message_once(id, actor, &change)).await
+    }
+
+    async fn update_message_once<F>(&self, id: &str, actor: &User, change: &F) -> Result<Message>
+    where
+        F: Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync,
     {
         let mut tx = self.begin().await?;
-        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else {
+        let Some((ch, mut m)) = lock_message(&mut tx, id).await? else {
             return not_found(format!("message with id {id:?} does not exist"));
         };
-        if hidden {
-            return not_found(format!("message with id {id:?} does not exist"));
-        }
         let before_text = m.text.clone();
+        let before_restricted = m.restricted_visibility.clone();
         change(&mut m)?;
         let now = time::now();
         m.updated_at = now;
@@ -197,10 +215,13 @@ impl Store {
             .bind(m.id.clone())
             .execute(&mut *tx.tx)
             .await?;
-        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
+        if m.restricted_visibility != before_restricted {
+            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1").bind(m.id.clone()).execute(&mut *tx.tx).await?;
+            insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(&m)).await?;
+        }
         let mut out = vec![m];
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, ch.truncated_at).await?;
-        let m = out.pop().expect("one");
+        let m = out.pop().expect("one message in, one out");
         let mut ev = event_for("message.updated", &ch, Some(actor.clone()));
         ev.message = Some(m.clone());
         tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
@@ -210,19 +231,24 @@ impl Store {
 
     /// Soft delete marks the message `deleted`; hard delete removes it and its reactions.
     pub async fn delete_message(&self, id: &str, hard: bool, actor: Option<&User>) -> Result<Message> {
+        self.retrying("delete_message", || self.delete_message_once(id, hard, actor)).await
+    }
+
+    async fn delete_message_once(&self, id: &str, hard: bool, actor: Option<&User>) -> Result<Message> {
         let mut tx = self.begin().await?;
-        let Some((mut m, hidden)) = load_message(&mut tx.tx, id).await? else {
+        let Some((ch, mut m)) = lock_message(&mut tx, id).await? else {
             return not_found(format!("message with id {id:?} does not exist"));
         };
-        if hidden {
-            return not_found(format!("message with id {id:?} does not exist"));
-        }
-        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
         let now = time::now();
         let was_deleted = m.deleted_at.is_some();
         if hard {
-            sqlx::query("DELETE FROM reaction WHERE message_id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
-            sqlx::query("DELETE FROM message WHERE id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
+            for sql in [
+                "DELETE FROM reaction WHERE message_id = $1",
+                "DELETE FROM message_restricted WHERE message_id = $1",
+                "DELETE FROM message WHERE id = $1",
+            ] {
+                sqlx::query(sql).bind(id.to_string()).execute(&mut *tx.tx).await?;
+            }
             if let Some(p) = &m.parent_id {
                 sqlx::query("UPDATE message SET reply_count = reply_count - 1 WHERE id = $1 AND reply_count > 0")
                     .bind(p.clone())
@@ -248,7 +274,7 @@ impl Store {
             m.updated_at = now;
             let mut out = vec![m];
             hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
-            m = out.pop().expect("one");
+            m = out.pop().expect("one message in, one out");
             let mut ev = event_for("message.deleted", &ch, actor.cloned().or_else(|| m.user.clone()));
             ev.message = Some(m.clone());
             ev.hard_delete = Some(hard);
@@ -265,13 +291,20 @@ impl Store {
         enforce_unique: bool,
         user: &User,
     ) -> Result<(Message, Reaction)> {
+        self.retrying("add_reaction", || self.add_reaction_once(message_id, reaction, enforce_unique, user)).await
+    }
+
+    async fn add_reaction_once(
+        &self,
+        message_id: &str,
+        reaction: &Reaction,
+        enforce_unique: bool,
+        user: &User,
+    ) -> Result<(Message, Reaction)> {
         let mut tx = self.begin().await?;
-        let Some((_, hidden)) = load_message(&mut tx.tx, message_id).await? else {
+        let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
             return not_found(format!("message with id {message_id:?} does not exist"));
         };
-        if hidden {
-            return not_found(format!("message with id {message_id:?} does not exist"));
-        }
         let user = ensure_user(&mut tx, user).await?;
         if enforce_unique {
             sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2")
@@ -290,13 +323,20 @@ impl Store {
             .bind(now)
             .execute(&mut *tx.tx)
             .await?;
-        let (m, r) = self.reaction_event(&mut tx, message_id, &user, &reaction.kind, "reaction.new", None).await?;
+        let (m, r) = self.reaction_event(&mut tx, &ch, message_id, &user, &reaction.kind, "reaction.new", None).await?;
         tx.commit(self).await?;
         Ok((m, r))
     }
 
     pub async fn remove_reaction(&self, message_id: &str, kind: &str, user: &User) -> Result<(Message, Reaction)> {
+        self.retrying("remove_reaction", || self.remove_reaction_once(message_id, kind, user)).await
+    }
+
+    async fn remove_reaction_once(&self, message_id: &str, kind: &str, user: &User) -> Result<(Message, Reaction)> {
         let mut tx = self.begin().await?;
+        let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
+            return not_found(format!("message with id {message_id:?} does not exist"));
+        };
         let row: Option<AnyRow> = sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
             .bind(message_id.to_string())
             .bind(user.id.clone())
@@ -314,14 +354,16 @@ impl Store {
             .execute(&mut *tx.tx)
             .await?;
         // The event (and the answer) carry the message as it is without the reaction.
-        let (m, r) = self.reaction_event(&mut tx, message_id, user, kind, "reaction.deleted", Some(removed)).await?;
+        let (m, r) = self.reaction_event(&mut tx, &ch, message_id, user, kind, "reaction.deleted", Some(removed)).await?;
         tx.commit(self).await?;
         Ok((m, r))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn reaction_event(
         &self,
         tx: &mut Tx,
+        ch: &Channel,
         message_id: &str,
         user: &User,
         kind: &str,
@@ -331,10 +373,9 @@ impl Store {
         let Some((mut m, _)) = load_message(&mut tx.tx, message_id).await? else {
             return not_found(format!("message with id {message_id:?} does not exist"));
         };
-        let ch = load_channel(&mut tx.tx, &m.cid).await?.expect("message has a channel");
         let mut out = vec![m];
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
-        m = out.pop().expect("one");
+        m = out.pop().expect("one message in, one out");
         let now = time::now();
         let row: Option<AnyRow> = match known {
             Some(_) => None,
@@ -359,7 +400,7 @@ impl Store {
             },
         };
         r.user = Some(user.clone());
-        let mut ev = event_for(event, &ch, Some(user.clone()));
+        let mut ev = event_for(event, ch, Some(user.clone()));
         ev.message = Some(m.clone());
         ev.reaction = Some(r.clone());
         tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
@@ -376,23 +417,31 @@ impl Store {
         actor: Option<&User>,
         message: Option<&NewMessage>,
     ) -> Result<(Channel, Option<Message>)> {
+        self.retrying("truncate_channel", || self.truncate_channel_once(cid, truncated_at, hard, actor, message)).await
+    }
+
+    async fn truncate_channel_once(
+        &self,
+        cid: &str,
+        truncated_at: Option<i64>,
+        hard: bool,
+        actor: Option<&User>,
+        message: Option<&NewMessage>,
+    ) -> Result<(Channel, Option<Message>)> {
         let mut tx = self.begin().await?;
-        if load_channel(&mut tx.tx, cid).await?.is_none() {
+        if lock_and_load(&mut tx, cid).await?.is_none() {
             return not_found(format!("channel {cid:?} does not exist"));
         }
         let now = time::now();
         let at = truncated_at.unwrap_or(now).min(now);
         if hard {
-            sqlx::query("DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)")
-                .bind(cid.to_string())
-                .bind(at)
-                .execute(&mut *tx.tx)
-                .await?;
-            sqlx::query("DELETE FROM message WHERE cid = $1 AND created_at <= $2")
-                .bind(cid.to_string())
-                .bind(at)
-                .execute(&mut *tx.tx)
-                .await?;
+            for sql in [
+                "DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
+                "DELETE FROM message_restricted WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
+                "DELETE FROM message WHERE cid = $1 AND created_at <= $2",
+            ] {
+                sqlx::query(sql).bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
+            }
         }
         sqlx::query("UPDATE channel SET truncated_at = $1, truncated_by_id = $2, updated_at = $3 WHERE cid = $4")
             .bind(at)
@@ -401,7 +450,7 @@ impl Store {
             .bind(cid.to_string())
             .execute(&mut *tx.tx)
             .await?;
-        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        let ch = reload(&mut tx, cid).await?;
         let mut sys = None;
         if let Some(new) = message {
             let mut new = new.clone();
@@ -431,9 +480,19 @@ impl Store {
         inclusive: bool,
         actor: Option<&User>,
     ) -> Result<Channel> {
+        self.retrying("rewind_channel", || self.rewind_channel_once(cid, message_id, expected_last, inclusive, actor)).await
+    }
+
+    async fn rewind_channel_once(
+        &self,
+        cid: &str,
+        message_id: &str,
+        expected_last: &str,
+        inclusive: bool,
+        actor: Option<&User>,
+    ) -> Result<Channel> {
         let mut tx = self.begin().await?;
-        lock_channel(&mut tx, cid).await?;
-        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let Some(ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         if ch.deleted_at.is_some() {
             return not_found(format!("channel {cid:?} was deleted"));
         }
@@ -495,7 +554,7 @@ impl Store {
             .execute(&mut *tx.tx)
             .await?;
         sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
-        let ch = load_channel(&mut tx.tx, cid).await?.expect("exists");
+        let ch = reload(&mut tx, cid).await?;
         let mut ev = event_for("channel.rewound", &ch, actor.cloned());
         ev.channel = Some(ch.clone());
         ev.extra.insert("message_id".into(), message_id.into());
@@ -565,6 +624,21 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
     Ok(())
 }
 
+/// Locks the channel of message `id` (then reads the message under that lock): the lock order
+/// for message writes is the channel row first (crate doc). `None` when the message does not
+/// exist or a rewind hid it.
+pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
+    let row: Option<AnyRow> =
+        sqlx::query("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
+    let Some(row) = row else { return Ok(None) };
+    let cid = rows::get_str(&row, "cid")?;
+    let Some(ch) = lock_and_load(tx, &cid).await? else { return Ok(None) };
+    match load_message(&mut tx.tx, id).await? {
+        Some((m, false)) if m.cid == cid => Ok(Some((ch, m))),
+        _ => Ok(None),
+    }
+}
+
 pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Channel) -> Result<Option<String>> {
     let row: Option<AnyRow> = sqlx::query("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
         .bind(ch.cid.clone())
@@ -587,10 +661,13 @@ pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
         .bind(now)
         .execute(&mut *tx.tx)
         .await?;
-    Ok(load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id).expect("just inserted"))
+    match load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id) {
+        Some(u) => Ok(u),
+        None => not_found(format!("user {:?} was deleted while it was used", user.id)),
+    }
 }
 
-async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User) -> Result<Message> {
+pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User) -> Result<Message> {
     let id = if new.id.is_empty() { ids::new_id() } else { new.id.clone() };
     if let Some(f) = &ch.fork {
         if f.status == ForkStatus::Backfilling && ids::is_v5_uuid(&id) {
@@ -722,6 +799,32 @@ pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result
                 .bind(m.source_message_id.clone());
         }
         q.execute(&mut *tx.tx).await?;
+    }
+    insert_restricted(tx.backend, &mut tx.tx, msgs).await
+}
+
+/// The (message, user) rows of restricted visibility, the exact form every read matches on.
+pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyConnection, msgs: &[Message]) -> Result<()> {
+    let pairs: Vec<(&str, &str, i64)> = msgs
+        .iter()
+        .flat_map(|m| m.restricted_visibility.iter().map(move |u| (m.id.as_str(), u.as_str(), m.created_at)))
+        .collect();
+    for chunk in pairs.chunks(300) {
+        let rows: Vec<String> = (0..chunk.len())
+            .map(|i| match backend {
+                crate::Backend::Sqlite => "(?, ?, ?, ?)".to_string(),
+                crate::Backend::Postgres => format!("({})", placeholders(i * 4 + 1, 4)),
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) VALUES {} ON CONFLICT DO NOTHING",
+            rows.join(", ")
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for (mid, uid, at) in chunk {
+            q = q.bind(mid.to_string()).bind(uid.to_string()).bind(*at).bind(*at);
+        }
+        q.execute(&mut *conn).await?;
     }
     Ok(())
 }

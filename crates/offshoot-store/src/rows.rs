@@ -162,7 +162,13 @@ pub(crate) fn fork(row: &AnyRow) -> Result<ForkSummary> {
         channel_cid: get_str(row, "cid")?,
         source_channel_cid: get_str(row, "source_cid")?,
         source_message_id: get_str(row, "source_message_id")?,
-        status: ForkStatus::parse(&get_str(row, "status")?),
+        status: {
+            let status = get_str(row, "status")?;
+            match ForkStatus::parse(&status) {
+                Some(s) => s,
+                None => return Err(crate::StoreError::Db(sqlx::Error::Decode(format!("unknown fork status {status:?}").into()))),
+            }
+        },
         copied_message_count: get_i64(row, "copied_message_count")?,
         total_message_count: get_opt_i64(row, "total_message_count")?,
         truncated: get_bool(row, "truncated")?,

@@ -21,88 +21,109 @@ pub struct UserInput {
     pub custom: Custom,
 }
 
+/// One entry of a partial user update: `set` / `unset` on the user `id`.
+#[derive(Debug, Clone, Default)]
+pub struct UserPatch {
+    pub id: String,
+    pub set: Custom,
+    pub unset: Vec<String>,
+}
+
 impl Store {
     /// Creates or replaces users (custom data is replaced, not merged, as Stream's upsert does).
+    /// Role, language, teams and `invisible` keep their stored value when not named; bans are
+    /// never touched by an upsert. One transaction; rows are locked in id order.
     pub async fn upsert_users(&self, users: &[UserInput]) -> Result<Vec<User>> {
+        self.retrying("upsert_users", || self.upsert_users_once(users)).await
+    }
+
+    async fn upsert_users_once(&self, users: &[UserInput]) -> Result<Vec<User>> {
         let mut tx = self.begin().await?;
         let now = time::now();
-        let mut out = Vec::with_capacity(users.len());
-        for u in users {
-            let existing: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
-                .bind(u.id.clone())
-                .fetch_optional(&mut *tx.tx)
-                .await?;
-            let existing = existing.as_ref().map(rows::user).transpose()?;
-            let user = User {
+        let mut order: Vec<&UserInput> = users.iter().collect();
+        order.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut written: HashMap<String, User> = HashMap::new();
+        for u in order {
+            let fresh = User {
                 id: u.id.clone(),
-                role: u.role.clone().or_else(|| existing.as_ref().map(|e| e.role.clone())).unwrap_or_else(|| "user".into()),
+                role: u.role.clone().unwrap_or_else(|| "user".into()),
                 name: u.name.clone(),
                 image: u.image.clone(),
-                language: u.language.clone().or_else(|| existing.as_ref().and_then(|e| e.language.clone())),
-                teams: u.teams.clone().or_else(|| existing.as_ref().map(|e| e.teams.clone())).unwrap_or_default(),
+                language: u.language.clone(),
+                teams: u.teams.clone().unwrap_or_default(),
                 custom: u.custom.clone(),
-                banned: existing.as_ref().map(|e| e.banned).unwrap_or(false),
-                shadow_banned: existing.as_ref().map(|e| e.shadow_banned).unwrap_or(false),
-                invisible: u.invisible.or_else(|| existing.as_ref().map(|e| e.invisible)).unwrap_or(false),
-                created_at: existing.as_ref().map(|e| e.created_at).unwrap_or(now),
+                invisible: u.invisible.unwrap_or(false),
+                created_at: now,
                 updated_at: now,
-                deleted_at: None,
-                last_active: existing.as_ref().and_then(|e| e.last_active),
+                ..Default::default()
             };
-            write_user(&mut tx, &user, existing.is_some()).await?;
-            out.push(user);
+            if insert_user(&mut tx, &fresh).await? {
+                written.insert(fresh.id.clone(), fresh);
+                continue;
+            }
+            let Some(mut user) = lock_user(&mut tx, &u.id).await? else {
+                return not_found(format!("user with id {:?} was deleted while it was updated", u.id));
+            };
+            if let Some(r) = &u.role {
+                user.role = r.clone();
+            }
+            user.name = u.name.clone();
+            user.image = u.image.clone();
+            if u.language.is_some() {
+                user.language = u.language.clone();
+            }
+            if let Some(t) = &u.teams {
+                user.teams = t.clone();
+            }
+            user.custom = u.custom.clone();
+            if let Some(i) = u.invisible {
+                user.invisible = i;
+            }
+            user.updated_at = now;
+            update_user(&mut tx, &user).await?;
+            written.insert(user.id.clone(), user);
         }
         tx.commit(self).await?;
-        Ok(out)
+        Ok(users.iter().filter_map(|u| written.get(&u.id).cloned()).collect())
     }
 
     /// `set` / `unset` on one user. Known fields go to their columns, the rest to custom data.
     pub async fn partial_update_user(&self, id: &str, set: &Custom, unset: &[String]) -> Result<User> {
+        let patch = UserPatch { id: id.to_string(), set: set.clone(), unset: unset.to_vec() };
+        let mut users = self.partial_update_users(std::slice::from_ref(&patch)).await?;
+        Ok(users.pop().expect("one patch, one user"))
+    }
+
+    /// Partial updates of several users in one transaction; each row is locked (in id order)
+    /// before it is read, so concurrent updates of different fields all survive.
+    pub async fn partial_update_users(&self, patches: &[UserPatch]) -> Result<Vec<User>> {
+        self.retrying("partial_update_users", || self.partial_update_users_once(patches)).await
+    }
+
+    async fn partial_update_users_once(&self, patches: &[UserPatch]) -> Result<Vec<User>> {
         let mut tx = self.begin().await?;
-        let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
-            .bind(id.to_string())
-            .fetch_optional(&mut *tx.tx)
-            .await?;
-        let Some(row) = row else { return not_found(format!("user with id {id:?} does not exist")) };
-        let mut user = rows::user(&row)?;
-        for (k, v) in set {
-            match k.as_str() {
-                "name" => user.name = v.as_str().map(str::to_string),
-                "image" => user.image = v.as_str().map(str::to_string),
-                "role" => {
-                    if let Some(r) = v.as_str() {
-                        user.role = r.to_string()
-                    }
-                }
-                "language" => user.language = v.as_str().map(str::to_string),
-                "invisible" => user.invisible = v.as_bool().unwrap_or(false),
-                "teams" => user.teams = serde_json::from_value(v.clone()).unwrap_or_default(),
-                "id" | "created_at" | "updated_at" | "banned" | "shadow_banned" => {}
-                _ => {
-                    user.custom.insert(k.clone(), v.clone());
-                }
+        let mut order: Vec<&UserPatch> = patches.iter().collect();
+        order.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut written: HashMap<String, User> = HashMap::new();
+        for p in order {
+            let user = match written.remove(&p.id) {
+                Some(u) => Some(u),
+                None => lock_user(&mut tx, &p.id).await?,
+            };
+            let Some(mut user) = user else { return not_found(format!("user with id {:?} does not exist", p.id)) };
+            apply_user_patch(&mut user, &p.set, &p.unset);
+            if serde_json::to_vec(&user.custom)?.len() > offshoot_core::fork::MAX_CUSTOM_BYTES {
+                return crate::domain(offshoot_core::Error::input(format!(
+                    "user custom data would exceed {} bytes",
+                    offshoot_core::fork::MAX_CUSTOM_BYTES
+                )));
             }
+            user.updated_at = time::now();
+            update_user(&mut tx, &user).await?;
+            written.insert(user.id.clone(), user);
         }
-        for k in unset {
-            match k.as_str() {
-                "name" => user.name = None,
-                "image" => user.image = None,
-                "language" => user.language = None,
-                _ => {
-                    user.custom.remove(k);
-                }
-            }
-        }
-        if serde_json::to_vec(&user.custom)?.len() > offshoot_core::fork::MAX_CUSTOM_BYTES {
-            return crate::domain(offshoot_core::Error::input(format!(
-                "user custom data would exceed {} bytes",
-                offshoot_core::fork::MAX_CUSTOM_BYTES
-            )));
-        }
-        user.updated_at = time::now();
-        write_user(&mut tx, &user, true).await?;
         tx.commit(self).await?;
-        Ok(user)
+        Ok(patches.iter().filter_map(|p| written.get(&p.id).cloned()).collect())
     }
 
     pub async fn get_user(&self, id: &str) -> Result<Option<User>> {
@@ -125,18 +146,39 @@ impl Store {
     }
 
     /// App-wide ban (`shadow` bans shadow-ban instead: the user's messages are `shadowed`).
+    /// One statement: a concurrent upsert never undoes it (upserts do not write these columns).
     pub async fn set_ban(&self, user_id: &str, shadow: bool, banned: bool) -> Result<()> {
-        let mut tx = self.begin().await?;
         let sql = if shadow {
             "UPDATE app_user SET shadow_banned = $1, updated_at = $2 WHERE id = $3"
         } else {
             "UPDATE app_user SET banned = $1, updated_at = $2 WHERE id = $3"
         };
-        let res = sqlx::query(sql).bind(banned).bind(time::now()).bind(user_id.to_string()).execute(&mut *tx.tx).await?;
-        if res.rows_affected() == 0 {
-            return not_found(format!("user with id {user_id:?} does not exist"));
-        }
-        tx.commit(self).await
+        self.retrying("set_ban", || async {
+            let mut tx = self.begin().await?;
+            let res = sqlx::query(sql).bind(banned).bind(time::now()).bind(user_id.to_string()).execute(&mut *tx.tx).await?;
+            if res.rows_affected() == 0 {
+                return not_found(format!("user with id {user_id:?} does not exist"));
+            }
+            tx.commit(self).await
+        })
+        .await
+    }
+
+    /// Lifts both kinds of ban in one statement.
+    pub async fn lift_bans(&self, user_id: &str) -> Result<()> {
+        self.retrying("lift_bans", || async {
+            let mut tx = self.begin().await?;
+            let res = sqlx::query("UPDATE app_user SET banned = FALSE, shadow_banned = FALSE, updated_at = $1 WHERE id = $2")
+                .bind(time::now())
+                .bind(user_id.to_string())
+                .execute(&mut *tx.tx)
+                .await?;
+            if res.rows_affected() == 0 {
+                return not_found(format!("user with id {user_id:?} does not exist"));
+            }
+            tx.commit(self).await
+        })
+        .await
     }
 
     pub async fn channel_type(&self, name: &str) -> Result<Option<ChannelType>> {
@@ -158,13 +200,19 @@ impl Store {
 
     /// Creates or updates a channel type.
     pub async fn put_channel_type(&self, name: &str, max_message_length: Option<i64>, extra: &Custom) -> Result<ChannelType> {
+        self.retrying("put_channel_type", || self.put_channel_type_once(name, max_message_length, extra)).await
+    }
+
+    async fn put_channel_type_once(&self, name: &str, max_message_length: Option<i64>, extra: &Custom) -> Result<ChannelType> {
         let mut tx = self.begin().await?;
         let now = time::now();
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
-                .bind(name.to_string())
-                .fetch_optional(&mut *tx.tx)
-                .await?;
+        let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+            "SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1{}",
+            tx.for_update()
+        )))
+        .bind(name.to_string())
+        .fetch_optional(&mut *tx.tx)
+        .await?;
         let ct = match row.as_ref().map(rows::channel_type).transpose()? {
             Some(mut ct) => {
                 if let Some(m) = max_message_length {
@@ -191,8 +239,9 @@ impl Store {
                     created_at: now,
                     updated_at: now,
                 };
+                // A concurrent first PUT of the same name: the later one keeps the earlier's row.
                 sqlx::query(
-                    "INSERT INTO channel_type (name, max_message_length, extra, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)",
+                    "INSERT INTO channel_type (name, max_message_length, extra, created_at, updated_at) VALUES ($1, $2, $3, $4, $4) ON CONFLICT (name) DO NOTHING",
                 )
                 .bind(name.to_string())
                 .bind(ct.max_message_length)
@@ -208,28 +257,84 @@ impl Store {
     }
 }
 
-async fn write_user(tx: &mut crate::Tx, user: &User, exists: bool) -> Result<()> {
-    let sql = if exists {
-        "UPDATE app_user SET role = $2, name = $3, image = $4, language = $5, teams = $6, custom = $7, banned = $8, shadow_banned = $9, invisible = $10, created_at = $11, updated_at = $12 WHERE id = $1"
-    } else {
-        "INSERT INTO app_user (id, role, name, image, language, teams, custom, banned, shadow_banned, invisible, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-    };
-    sqlx::query(sql)
-        .bind(user.id.clone())
-        .bind(user.role.clone())
-        .bind(user.name.clone())
-        .bind(user.image.clone())
-        .bind(user.language.clone())
-        .bind(serde_json::to_string(&user.teams)?)
-        .bind(serde_json::to_string(&user.custom)?)
-        .bind(user.banned)
-        .bind(user.shadow_banned)
-        .bind(user.invisible)
-        .bind(user.created_at)
-        .bind(user.updated_at)
-        .execute(&mut *tx.tx)
+/// Inserts a new user; false when the id exists already (nothing is written then).
+async fn insert_user(tx: &mut crate::Tx, user: &User) -> Result<bool> {
+    let res = sqlx::query(
+        "INSERT INTO app_user (id, role, name, image, language, teams, custom, invisible, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(user.id.clone())
+    .bind(user.role.clone())
+    .bind(user.name.clone())
+    .bind(user.image.clone())
+    .bind(user.language.clone())
+    .bind(serde_json::to_string(&user.teams)?)
+    .bind(serde_json::to_string(&user.custom)?)
+    .bind(user.invisible)
+    .bind(user.created_at)
+    .execute(&mut *tx.tx)
+    .await?;
+    Ok(res.rows_affected() == 1)
+}
+
+/// Reads a user and locks its row until the transaction ends.
+async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
+    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
+        .bind(id.to_string())
+        .fetch_optional(&mut *tx.tx)
         .await?;
+    row.as_ref().map(rows::user).transpose()
+}
+
+/// Writes the fields a user update may change. Bans, `created_at` and `last_active` are
+/// written only by their own single statements, so no update can undo them.
+async fn update_user(tx: &mut crate::Tx, user: &User) -> Result<()> {
+    sqlx::query(
+        "UPDATE app_user SET role = $2, name = $3, image = $4, language = $5, teams = $6, custom = $7, invisible = $8, updated_at = $9 WHERE id = $1",
+    )
+    .bind(user.id.clone())
+    .bind(user.role.clone())
+    .bind(user.name.clone())
+    .bind(user.image.clone())
+    .bind(user.language.clone())
+    .bind(serde_json::to_string(&user.teams)?)
+    .bind(serde_json::to_string(&user.custom)?)
+    .bind(user.invisible)
+    .bind(user.updated_at)
+    .execute(&mut *tx.tx)
+    .await?;
     Ok(())
+}
+
+fn apply_user_patch(user: &mut User, set: &Custom, unset: &[String]) {
+    for (k, v) in set {
+        match k.as_str() {
+            "name" => user.name = v.as_str().map(str::to_string),
+            "image" => user.image = v.as_str().map(str::to_string),
+            "role" => {
+                if let Some(r) = v.as_str() {
+                    user.role = r.to_string()
+                }
+            }
+            "language" => user.language = v.as_str().map(str::to_string),
+            "invisible" => user.invisible = v.as_bool().unwrap_or(false),
+            "teams" => user.teams = serde_json::from_value(v.clone()).unwrap_or_default(),
+            "id" | "created_at" | "updated_at" | "banned" | "shadow_banned" => {}
+            _ => {
+                user.custom.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    for k in unset {
+        match k.as_str() {
+            "name" => user.name = None,
+            "image" => user.image = None,
+            "language" => user.language = None,
+            _ => {
+                user.custom.remove(k);
+            }
+        }
+    }
 }
 
 pub(crate) async fn load_users(conn: &mut sqlx::AnyConnection, ids: &[String]) -> Result<HashMap<String, User>> {

@@ -55,7 +55,7 @@ async fn connect_migrates_a_fresh_database_and_a_second_connect_is_a_no_op() {
         TestBackend::Postgres => Backend::Postgres,
     };
     assert_eq!(first.backend(), expected);
-    assert_eq!(Backend::from_url(&db.url), expected);
+    assert_eq!(Backend::from_url(&db.url).expect("known scheme"), expected);
     first.ping().await.expect("ping");
     first.upsert_users(&[support::user_input("survivor")]).await.expect("upsert");
     first.close().await;
@@ -76,9 +76,13 @@ async fn ping_answers_on_a_fresh_store_and_backend_names_are_stable() {
         ctx.store.ping().await.expect("ping");
         assert_eq!(Backend::Sqlite.name(), "sqlite");
         assert_eq!(Backend::Postgres.name(), "postgres");
-        assert_eq!(Backend::from_url("postgresql://x/y"), Backend::Postgres);
-        assert_eq!(Backend::from_url("sqlite::memory:"), Backend::Sqlite);
-        assert_eq!(Backend::from_url(&ctx.url), ctx.store.backend());
+        assert_eq!(Backend::from_url("postgresql://x/y").expect("postgresql"), Backend::Postgres);
+        assert_eq!(Backend::from_url("sqlite::memory:").expect("sqlite"), Backend::Sqlite);
+        assert_eq!(Backend::from_url(&ctx.url).expect("the test url"), ctx.store.backend());
+        for bad in ["mysql://x/y", "offshoot.db", "postgre://x/y", ""] {
+            let e = Backend::from_url(bad).expect_err("an unknown scheme is refused, not taken for SQLite");
+            assert!(e.to_string().contains("not supported"), "{bad}: {e}");
+        }
     })
     .await;
 }

@@ -37,8 +37,6 @@ const LEASE: Duration = Duration::from_secs(30);
 /// Runs until `shutdown`, then waits (bounded by one attempt's timeout) for deliveries in
 /// flight.
 /// Delivered events stay in the outbox this long (WebSocket catch-up, AI-state lookups).
-const EVENT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
 
 pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: CancellationToken) {
     let client = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).redirect(reqwest::redirect::Policy::none()).build() {
@@ -53,17 +51,7 @@ pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: Ca
     let mut in_flight: JoinSet<()> = JoinSet::new();
     let mut failing = false;
     tracing::info!("webhook delivery started");
-    let mut last_prune = std::time::Instant::now();
     loop {
-        if last_prune.elapsed() >= PRUNE_INTERVAL {
-            last_prune = std::time::Instant::now();
-            let before = offshoot_core::time::now() - EVENT_RETENTION.as_nanos() as i64;
-            match ctx.store.prune_events(before).await {
-                Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned delivered outbox events"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "pruning the outbox failed"),
-            }
-        }
         // Registered before reading, so a commit during the read still wakes the next wait.
         let notified = notify.notified();
         tokio::pin!(notified);

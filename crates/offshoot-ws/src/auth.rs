@@ -65,7 +65,7 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
     }
     let now = time::now();
     let claims = token::verify(&creds.token, &hub.api_secret, now / 1_000_000_000)?;
-    let user_id = match (claims.user_id, creds.user_id) {
+    let user_id = match (claims.user_id.clone(), creds.user_id) {
         (Some(t), Some(r)) if t != r => {
             return Err(Error::new(ErrorKind::Auth, format!("the token is for user {t:?}, not for {r:?}")));
         }
@@ -76,10 +76,8 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
     };
     let user_id = ids::parse_user_id(&user_id)?;
     let settings = hub.store.app_settings().await.map_err(Error::from)?;
-    if let (Some(revoked), Some(iat)) = (settings.revoke_tokens_issued_before, claims.iat) {
-        if iat.saturating_mul(1_000_000_000) < revoked {
-            return Err(Error::new(ErrorKind::Auth, "the token was revoked: it was issued before the app's revoke_tokens_issued_before"));
-        }
+    if settings.revoke_tokens_issued_before.is_some_and(|revoked| claims.issued_before(revoked)) {
+        return Err(Error::new(ErrorKind::Auth, "the token was revoked: it was issued before the app's revoke_tokens_issued_before"));
     }
     let existing = hub.store.get_user(&user_id).await.map_err(Error::from)?;
     if existing.as_ref().is_some_and(|u| u.banned) {

@@ -25,6 +25,10 @@ pub struct Config {
     pub backfill_page_size: i64,
     pub backfill_page_delay: Duration,
     pub worker_poll_interval: Duration,
+    /// How long delivered outbox events are kept (every role prunes).
+    pub event_retention: Duration,
+    /// How often each process prunes the outbox.
+    pub prune_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +68,7 @@ impl std::fmt::Debug for Config {
             .field("roles", &self.roles)
             .field("backfill_page_size", &self.backfill_page_size)
             .field("backfill_page_delay", &self.backfill_page_delay)
+            .field("event_retention", &self.event_retention)
             .finish()
     }
 }
@@ -86,6 +91,8 @@ impl Default for Config {
             backfill_page_size: offshoot_core::fork::BACKFILL_PAGE,
             backfill_page_delay: Duration::ZERO,
             worker_poll_interval: Duration::from_secs(1),
+            event_retention: Duration::from_secs(24 * 3600),
+            prune_interval: Duration::from_secs(600),
         }
     }
 }
@@ -112,6 +119,7 @@ impl Config {
         if let Some(v) = var("DATABASE_URL") {
             c.database_url = v;
         }
+        offshoot_store::Backend::from_url(&c.database_url).map_err(|e| anyhow::anyhow!("{e}"))?;
         c.api_key = var("OFFSHOOT_API_KEY");
         c.api_secret = var("OFFSHOOT_API_SECRET");
         anyhow::ensure!(c.api_key.is_some() == c.api_secret.is_some(), "set both OFFSHOOT_API_KEY and OFFSHOOT_API_SECRET, or neither");
@@ -169,6 +177,9 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         let (st, s) = (store.clone(), shutdown.clone());
         tasks.spawn(async move { st.relay_notifications(s.cancelled_owned()).await });
     }
+    // Every process prunes the outbox, whatever its roles: a deployment without a worker
+    // still must not grow the event table for ever.
+    tasks.spawn(prune_outbox(store.clone(), config.event_retention, config.prune_interval, shutdown.clone()));
 
     let hub = config.roles.ws.then(|| offshoot_ws::Hub::new(store.clone(), api_key.clone(), api_secret.clone()));
     let watchers: Arc<dyn Watchers> = match &hub {
@@ -209,6 +220,22 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
     store.close().await;
     Ok(())
+}
+
+/// Deletes delivered outbox events older than `retention`, every `interval`, until shutdown.
+async fn prune_outbox(store: Store, retention: Duration, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let before = offshoot_core::time::now() - i64::try_from(retention.as_nanos()).unwrap_or(i64::MAX);
+        match store.prune_events(before).await {
+            Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned delivered outbox events"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "pruning the outbox failed"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -60,7 +60,15 @@ async fn app_settings_default_before_the_app_exists_and_round_trip_after() {
             extra: custom(json!({"reminders_interval": 60, "nested": {"a": [1, 2]}})),
             ..AppSettings::default()
         };
-        s.update_app_settings(&changed).await.expect("update settings");
+        let c2 = changed.clone();
+        let stored = s
+            .update_app_settings(|settings| {
+                *settings = c2.clone();
+                Ok(())
+            })
+            .await
+            .expect("update settings");
+        assert_eq!(stored, changed);
         assert_eq!(s.app_settings().await.expect("settings after update"), changed);
     })
     .await;

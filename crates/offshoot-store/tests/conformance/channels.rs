@@ -3,7 +3,7 @@
 use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member, msg, user, user_input, with_store};
 use offshoot_core::model::{NewMessage, Viewer};
 use offshoot_core::ErrorKind;
-use offshoot_store::{ChannelFilter, MemberInput, NewChannel};
+use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel};
 use serde_json::{json, Map, Value};
 
 fn custom(v: Value) -> Map<String, Value> {
@@ -70,19 +70,19 @@ async fn update_channel_replaces_custom_data_and_sets_team_and_frozen() {
         let s = &ctx.store;
         let ch = agent_channel(s, "up", &[]).await;
         let actor = user("owner");
-        let updated =
-            s.update_channel(&ch.cid, Some(&custom(json!({"b": 2}))), Some("green"), Some(true), Some(&actor)).await.expect("update");
+        let change = ChannelUpdate { custom: Some(custom(json!({"b": 2}))), team: Some("green".into()), frozen: Some(true), ..Default::default() };
+        let (updated, _) = s.update_channel(&ch.cid, &change, Some(&actor)).await.expect("update");
         assert_eq!(updated.custom, custom(json!({"b": 2})));
         assert_eq!(updated.team.as_deref(), Some("green"));
         assert!(updated.frozen);
         assert!(updated.updated_at >= ch.updated_at);
-        let untouched = s.update_channel(&ch.cid, None, None, None, None).await.expect("update nothing");
+        let (untouched, _) = s.update_channel(&ch.cid, &ChannelUpdate::default(), None).await.expect("update nothing");
         assert_eq!(
             (untouched.custom.clone(), untouched.team.clone(), untouched.frozen),
             (custom(json!({"b": 2})), Some("green".to_string()), true)
         );
         assert_eq!(s.get_channel(&ch.cid).await.expect("get").expect("exists").custom, custom(json!({"b": 2})));
-        assert_kind(s.update_channel("agent:none", None, None, None, None).await, ErrorKind::NotFound);
+        assert_kind(s.update_channel("agent:none", &ChannelUpdate::default(), None).await, ErrorKind::NotFound);
     })
     .await;
 }
@@ -92,7 +92,8 @@ async fn a_partial_channel_update_sets_and_unsets_and_refuses_read_only_fields()
     with_store(|ctx| async move {
         let s = &ctx.store;
         let ch = agent_channel(s, "pu", &[]).await;
-        s.update_channel(&ch.cid, Some(&custom(json!({"keep": 1, "drop": 2}))), None, None, None).await.expect("update");
+        let change = ChannelUpdate { custom: Some(custom(json!({"keep": 1, "drop": 2}))), ..Default::default() };
+        s.update_channel(&ch.cid, &change, None).await.expect("update");
         let set = custom(json!({"team": "blue", "disabled": true, "frozen": true, "color": "red"}));
         let after = s.partial_update_channel(&ch.cid, &set, &["drop".to_string()], None).await.expect("partial update");
         assert_eq!(after.custom, custom(json!({"keep": 1, "color": "red"})));

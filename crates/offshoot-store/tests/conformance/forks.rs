@@ -9,7 +9,7 @@ use offshoot_core::fork::{BACKFILL_PAGE, FAILED_ID_TAKEN, FAILED_TOO_LARGE, MAX_
 use offshoot_core::ids::copy_id;
 use offshoot_core::model::{Audience, ForkStatus, Message, NewMessage, Reaction, Viewer};
 use offshoot_core::ErrorKind;
-use offshoot_store::{BackfillStep, ForkOutcome, ForkRequest, Page, PageDir, Store};
+use offshoot_store::{BackfillStep, ChannelUpdate, ForkOutcome, ForkRequest, Page, PageDir, Store};
 use serde_json::{json, Map, Value};
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -182,7 +182,7 @@ async fn a_fork_may_leave_out_attachments_and_name_its_own_members_and_team() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let src = channel_of(s, "agent", "att", "owner", &["amy"]).await;
-        s.update_channel(&src.cid, None, Some("red"), None, None).await.expect("set team");
+        s.update_channel(&src.cid, &ChannelUpdate { team: Some("red".into()), ..Default::default() }, None).await.expect("set team");
         let m = NewMessage { attachments: vec![json!({"type": "image"})], ..msg("img", "picture") };
         s.send_message(&src.cid, &m, &user("amy")).await.expect("send");
         let req = ForkRequest { exclude_attachments: true, members: Some(vec![member("cat")]), ..request(&src.cid, "img", "noatt") };

@@ -4,7 +4,7 @@
 use crate::support::{agent_channel, events_since, kinds, member, msg, user, watchers_and_hooks, with_store};
 use offshoot_core::model::{Audience, Event, Reaction};
 use offshoot_core::time;
-use offshoot_store::Store;
+use offshoot_store::{ChannelUpdate, Store};
 use serde_json::{json, Map};
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
         s.add_reaction("m", &Reaction { kind: "like".into(), score: 1, ..Default::default() }, false, &user("amy")).await.expect("react");
         s.remove_reaction("m", "like", &user("amy")).await.expect("unreact");
         s.delete_message("m", false, Some(&user("amy"))).await.expect("delete message");
-        s.update_channel(&cid, Some(&Map::new()), None, None, None).await.expect("update channel");
+        s.update_channel(&cid, &ChannelUpdate { custom: Some(Map::new()), ..Default::default() }, None).await.expect("update channel");
         s.partial_update_channel(&cid, &Map::new(), &[], None).await.expect("partial update channel");
         s.truncate_channel(&cid, None, false, None, None).await.expect("truncate");
         s.mark_read(&cid, &user("amy"), None).await.expect("read");
