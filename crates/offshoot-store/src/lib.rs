@@ -286,14 +286,24 @@ impl Store {
             Backend::Postgres => {
                 AnyPoolOptions::new()
                     .max_connections(16)
-                    // Bounded, so requests during an outage answer 503 instead of hanging.
-                    .acquire_timeout(Duration::from_secs(5))
+                    // Bounded, so requests during an outage answer 503 instead of hanging; long
+                    // enough that a burst queued on one hot row (150 forks of one source) waits
+                    // for its turn instead of failing.
+                    .acquire_timeout(Duration::from_secs(30))
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             // Prepared statements would switch to generic plans, which cannot
                             // see that `cid = $1` is selective and scan whole indexes; plan each
                             // execution with its values instead (a fraction of a millisecond).
                             conn.execute("SET plan_cache_mode = force_custom_plan").await?;
+                            // Every hot read here is a keyset page of one channel or thread
+                            // (`cid = $1 … ORDER BY created_at DESC, id DESC LIMIT n`), which an
+                            // ordered index scan answers by reading n rows. Without current
+                            // statistics (autovacuum off, or not yet run after a bulk write)
+                            // PostgreSQL assumes a channel is a few rows and picks a bitmap scan
+                            // that reads and sorts the whole channel instead: 0.3 ms became
+                            // 50–500 ms on a 50,000-message channel (BENCHMARKS.md).
+                            conn.execute("SET enable_bitmapscan = off").await?;
                             Ok(())
                         })
                     })
