@@ -646,7 +646,51 @@ async fn query_channels_filters_by_team_and_by_equality_on_custom_fields() {
     assert_eq!(q(json!({"tenant_id": {"$eq": "acme"}, "tier": 3})).await, vec!["agent:t2"]);
     assert_eq!(q(json!({"tier": 2})).await, vec!["agent:t1"]);
     assert_eq!(q(json!({"tenant_id": "nobody"})).await, Vec::<String>::new());
-    app.post("/channels", &app.server(), json!({"filter_conditions": {"tenant_id": {"$gt": "a"}}})).await.err(400, 4);
+    assert_eq!(q(json!({"tenant_id": {"$gt": "acme"}})).await, vec!["agent:t3", "agent:t4"]);
+    let body = app.post("/channels", &app.server(), json!({"filter_conditions": {"tenant_id": {"$regex": "a"}}})).await.err(400, 4);
+    assert_eq!(body["exception_fields"]["field"], json!("tenant_id"), "the error names the field: {body}");
+    assert!(body["message"].as_str().unwrap().contains("$regex"), "and the operator: {body}");
+    let body = app.post("/channels", &app.server(), json!({"filter_conditions": {"$xor": []}})).await.err(400, 4);
+    assert!(body["message"].as_str().unwrap().contains("$xor"), "{body}");
+}
+
+#[tokio::test]
+async fn query_users_filters_with_streams_operators_and_sorts() {
+    let app = TestApp::spawn().await;
+    let token = app.server();
+    app.post(
+        "/users",
+        &token,
+        json!({"users": {
+            "ann": {"id": "ann", "name": "Ann Lee", "role": "admin", "plan": "pro", "seats": 5},
+            "bob": {"id": "bob", "name": "Bob Annis", "plan": "free", "seats": 1},
+            "cy": {"id": "cy", "name": "Cy", "seats": 3},
+        }}),
+    )
+    .await
+    .ok();
+    app.post("/moderation/ban", &token, json!({"target_user_id": "cy"})).await.ok();
+    let q = |payload: Value| {
+        let app = &app;
+        async move {
+            let url = reqwest::Url::parse_with_params("http://x/users", &[("payload", payload.to_string())]).unwrap();
+            let path = format!("/users?{}", url.query().unwrap());
+            let r = app.get(&path, &app.server()).await.ok();
+            r["users"].as_array().unwrap().iter().map(|u| u["id"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(q(json!({"filter_conditions": {"id": {"$in": ["ann", "cy"]}}})).await, vec!["ann", "cy"]);
+    assert_eq!(q(json!({"filter_conditions": {"role": "admin"}})).await, vec!["ann"]);
+    assert_eq!(q(json!({"filter_conditions": {"name": {"$autocomplete": "ann"}}})).await, vec!["ann", "bob"]);
+    assert_eq!(q(json!({"filter_conditions": {"banned": true}})).await, vec!["cy"]);
+    assert_eq!(q(json!({"filter_conditions": {"plan": {"$exists": false}, "id": {"$in": ["ann", "bob", "cy"]}}})).await, vec!["cy"]);
+    assert_eq!(
+        q(json!({"filter_conditions": {"seats": {"$gte": 3}}, "sort": [{"field": "seats", "direction": -1}]})).await,
+        vec!["ann", "cy"]
+    );
+    let body =
+        app.get("/users?payload=%7B%22filter_conditions%22%3A%7B%22id%22%3A%7B%22%24like%22%3A%22a%22%7D%7D%7D", &token).await.err(400, 4);
+    assert_eq!(body["exception_fields"]["field"], json!("id"), "{body}");
 }
 
 #[tokio::test]

@@ -17,10 +17,7 @@ async fn nul_characters_are_refused_with_a_400_that_names_the_field_on_both_back
     assert_eq!(body["exception_fields"]["field"], json!("message.text"), "{body}");
     let body = app.post("/users", &app.server(), json!({"users": {"u2": {"id": "u2", "name": "x\u{0}"}}})).await.err(400, 4);
     assert_eq!(body["exception_fields"]["field"], json!("users.u2.name"), "{body}");
-    let body = app
-        .post(&msg_path, &app.server(), json!({"message": {"text": "ok", "user_id": "u1", "custom_\u{0}": 1}}))
-        .await
-        .err(400, 4);
+    let body = app.post(&msg_path, &app.server(), json!({"message": {"text": "ok", "user_id": "u1", "custom_\u{0}": 1}})).await.err(400, 4);
     assert_eq!(body["exception_fields"]["field"], json!("message.custom_\u{0}"), "{body}");
 
     for (path, field) in [

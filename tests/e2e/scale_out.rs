@@ -48,13 +48,12 @@ async fn terminate_connections(db_url: &str) -> u64 {
 
 async fn fork_copies(db_url: &str, fork_cid: &str) -> (i64, i64) {
     let mut conn = sqlx::PgConnection::connect(db_url).await.expect("connect");
-    let row: (i64, i64) = sqlx::query_as(
-        "SELECT COUNT(*), COUNT(DISTINCT source_message_id) FROM message WHERE cid = $1 AND source_message_id IS NOT NULL",
-    )
-    .bind(fork_cid)
-    .fetch_one(&mut conn)
-    .await
-    .expect("count copies");
+    let row: (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT source_message_id) FROM message WHERE cid = $1 AND source_message_id IS NOT NULL")
+            .bind(fork_cid)
+            .fetch_one(&mut conn)
+            .await
+            .expect("count copies");
     let _ = conn.close().await;
     row
 }

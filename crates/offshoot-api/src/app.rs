@@ -7,6 +7,7 @@ use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
 use offshoot_core::model::AppSettings;
+use offshoot_core::query::{self, UserField};
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, token, Error};
 use offshoot_store::{UserInput, UserPatch};
@@ -103,24 +104,23 @@ pub async fn partial_update_users(State(st): State<ApiState>, ctx: Ctx, Body(bod
     Ok(ctx.ok(json!({"users": users_map(ctx.dialect, &out), "membership_deletion_task_id": ""})))
 }
 
-/// `GET /users?payload={"filter_conditions":{"id":{"$in":[…]}}}`.
+/// `GET /users?payload={"filter_conditions": {…}, "sort": […], "limit", "offset"}`: Query
+/// Users with Stream's filter operators on id, role, name, banned, times and custom fields.
 pub async fn query_users(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Value>> {
     let payload: Map<String, Value> = match ctx.q("payload") {
         Some(p) => serde_json::from_str(p).map_err(|e| Error::input(format!("payload is not valid JSON: {e}")))?,
         None => Map::new(),
     };
     let filter = obj_opt(&payload, "filter_conditions")?.cloned().unwrap_or_default();
-    let ids: Vec<String> = match filter.get("id") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Object(op)) => match op.get("$in").or(op.get("$eq")) {
-            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
-            Some(Value::String(s)) => vec![s.clone()],
-            _ => return Err(Error::input("filter_conditions.id supports $eq and $in").into()),
-        },
-        _ => return Err(Error::input("query users needs a filter on id").into()),
-    };
-    let found = st.store.get_users(&ids).await?;
-    let users: Vec<Value> = ids.iter().filter_map(|id| found.get(id)).map(|u| render::user(ctx.dialect, u)).collect();
+    let tree = query::parse_filter::<UserField>(&filter)?;
+    let sort = query::parse_sort(get(&payload, "sort"), query::user_sort_field)?;
+    let limit = i64_opt(&payload, "limit")?.unwrap_or(30);
+    if !(0..=100).contains(&limit) {
+        return Err(Error::input("limit must be between 0 and 100").into());
+    }
+    let offset = i64_opt(&payload, "offset")?.unwrap_or(0);
+    let users = st.store.query_users(&tree, &sort, limit, offset).await?;
+    let users: Vec<Value> = users.iter().map(|u| render::user(ctx.dialect, u)).collect();
     Ok(ctx.ok(json!({"users": users})))
 }
 

@@ -8,6 +8,7 @@ use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
 use offshoot_core::model::{Audience, Channel, Event, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
+use offshoot_core::query::{self, ChannelSortField, Sort};
 use offshoot_core::render;
 use offshoot_core::{ids, perm, time, Error};
 use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir};
@@ -487,64 +488,6 @@ pub async fn send_event(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath,
     Ok(ctx.ok(json!({"event": rendered})))
 }
 
-fn filter_values(key: &str, v: &Value) -> Result<Vec<String>, Error> {
-    let as_list = |v: &Value| -> Result<Vec<String>, Error> {
-        match v {
-            Value::String(s) => Ok(vec![s.clone()]),
-            Value::Array(a) => a
-                .iter()
-                .map(|x| x.as_str().map(str::to_string).ok_or_else(|| Error::input(format!("filter {key:?} takes strings"))))
-                .collect(),
-            _ => Err(Error::input(format!("filter {key:?} takes a string or a list of strings"))),
-        }
-    };
-    match v {
-        Value::Object(op) => {
-            if let Some(x) = op.get("$in").or(op.get("$eq")) {
-                as_list(x)
-            } else {
-                Err(Error::input(format!("filter {key:?} supports $eq and $in")))
-            }
-        }
-        other => as_list(other),
-    }
-}
-
-/// Fields of the channel row; everything else in a filter is a custom field.
-const CHANNEL_FILTER_FIELDS: &[&str] = &[
-    "type",
-    "cid",
-    "id",
-    "members",
-    "created_by_id",
-    "team",
-    "frozen",
-    "disabled",
-    "created_at",
-    "updated_at",
-    "last_message_at",
-    "member_count",
-    "hidden",
-    "joined",
-    "muted",
-    "pinned",
-    "archived",
-    "last_updated",
-    "has_unread",
-];
-
-/// `{"key": scalar}` or `{"key": {"$eq": scalar}}` on a custom field.
-fn custom_scalar(key: &str, v: &Value) -> Option<Value> {
-    if CHANNEL_FILTER_FIELDS.contains(&key) || key.starts_with('$') {
-        return None;
-    }
-    let v = match v {
-        Value::Object(op) if op.len() == 1 => op.get("$eq")?,
-        other => other,
-    };
-    matches!(v, Value::String(_) | Value::Number(_) | Value::Bool(_)).then(|| v.clone())
-}
-
 /// `POST /channels`: Query Channels.
 pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
     let filter = obj_opt(&body, "filter_conditions")?.or(obj_opt(&body, "filter")?).cloned().unwrap_or_default();
@@ -556,71 +499,17 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
     if !(0..=100).contains(&f.limit) {
         return Err(Error::input("limit must be at most 100").into());
     }
-    let mut conds: Vec<(String, Value)> = Vec::new();
-    for (k, v) in &filter {
-        if k == "$and" {
-            let Value::Array(parts) = v else { return Err(Error::input("$and takes a list of filters").into()) };
-            for p in parts {
-                let Value::Object(po) = p else { return Err(Error::input("$and takes a list of filters").into()) };
-                conds.extend(po.iter().map(|(a, b)| (a.clone(), b.clone())));
-            }
-        } else {
-            conds.push((k.clone(), v.clone()));
-        }
+    if !filter.is_empty() {
+        f.filter = Some(query::parse_filter(&filter)?);
     }
-    for (k, v) in &conds {
-        if let Some(value) = custom_scalar(k, v) {
-            f.custom_eq.push((k.clone(), value));
-            continue;
-        }
-        let values = filter_values(k, v)?;
-        match k.as_str() {
-            "type" => f.types = Some(values),
-            "cid" => f.cids = Some(values),
-            "id" => f.ids = Some(values),
-            "created_by_id" => f.created_by_ids = Some(values),
-            "team" => f.teams = Some(values),
-            "members" => {
-                let is_eq = matches!(v, Value::Array(_)) || matches!(v, Value::Object(o) if o.contains_key("$eq"));
-                if is_eq {
-                    f.members_all = Some(values);
-                } else {
-                    f.members_any = Some(values);
-                }
-            }
-            other => {
-                return Err(Error::input(format!(
-                    "query channels does not support filtering on {other:?}: use type, cid, id, members, created_by_id, team, or $eq on a custom field"
-                ))
-                .into())
-            }
-        }
-    }
-    let sort = match get(&body, "sort") {
-        None => Vec::new(),
-        Some(Value::Array(a)) => a.clone(),
-        Some(Value::Object(o)) => vec![Value::Object(o.clone())],
-        Some(_) => return Err(Error::input("sort must be a list of {field, direction}").into()),
-    };
-    for s in &sort {
-        let Value::Object(o) = s else { return Err(Error::input("sort must be a list of {field, direction}").into()) };
-        let field = input::str_req(o, "field")?;
-        let desc = i64_opt(o, "direction")?.unwrap_or(1) < 0;
-        let col = match field.as_str() {
-            "created_at" => "c.created_at",
-            "updated_at" => "c.updated_at",
-            "last_message_at" => "c.last_message_at",
-            "last_updated" => "COALESCE(c.last_message_at, c.updated_at)",
-            "cid" => "c.cid",
-            "id" => "c.id",
-            "member_count" => "member_count",
-            other => return Err(Error::input(format!("query channels cannot sort on {other:?}")).into()),
-        };
-        f.sort.push((col.to_string(), desc));
-    }
+    f.sort = query::parse_sort(get(&body, "sort"), query::channel_sort_field)?;
     if f.sort.is_empty() {
-        f.sort.push(("COALESCE(c.last_message_at, c.updated_at)".into(), true));
+        f.sort.push(Sort { field: ChannelSortField::LastUpdated, desc: true });
     }
+    f.user_id = match &ctx.viewer {
+        Viewer::User { id, .. } => Some(id.clone()),
+        _ => input::actor_id(&body)?,
+    };
     match &ctx.viewer {
         Viewer::Server => {}
         Viewer::User { role, .. } if role == "admin" => {}

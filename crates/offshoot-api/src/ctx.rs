@@ -142,11 +142,9 @@ impl<S: Send + Sync> FromRequest<S> for Body {
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(o)) => {
                 if let Some(field) = nul_field(&o) {
-                    return Err(Error::input(format!(
-                        "field {field:?} contains a NUL character (\\u0000), which Offshoot does not store"
-                    ))
-                    .field("field", field)
-                    .into());
+                    return Err(Error::input(format!("field {field:?} contains a NUL character (\\u0000), which Offshoot does not store"))
+                        .field("field", field)
+                        .into());
                 }
                 Ok(Body(o))
             }

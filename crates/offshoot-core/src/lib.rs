@@ -1,6 +1,6 @@
 //! The Offshoot domain: ids and their validation, timestamps, the chat model, the error kinds
-//! of the Stream wire protocol, permission rules and fork planning (page sizes, the cap, copy
-//! ids, size limits).
+//! of the Stream wire protocol, permission rules, Query Channels / Query Users filters, and fork
+//! planning (page sizes, the cap, copy ids, size limits).
 //!
 //! This crate does no I/O. It must not depend on axum, sqlx, tokio or any transport or storage
 //! crate; everything else depends on it.
@@ -10,6 +10,7 @@ pub mod fork;
 pub mod ids;
 pub mod model;
 pub mod perm;
+pub mod query;
 pub mod render;
 pub mod time;
 pub mod token;

@@ -1,10 +1,12 @@
 //! Channels and members.
 
-use crate::messages::{insert_new_message, lock_channel};
-use crate::rows::{self, placeholders, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
+use crate::messages::{bind_all, insert_new_message, lock_channel, Bind};
+use crate::query::{channel_condition, channel_order, SqlBuilder};
+use crate::rows::{self, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
+use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -63,10 +65,12 @@ pub struct ChannelFilter {
     /// Restricts the result to channels this user is a member of (client-side callers).
     pub member_of: Option<String>,
     pub teams: Option<Vec<String>>,
-    /// Custom fields that must equal a scalar (string, number or boolean), e.g. `tenant_id`.
-    pub custom_eq: Vec<(String, serde_json::Value)>,
-    /// `(column, descending)`; allowed columns are checked by the caller.
-    pub sort: Vec<(String, bool)>,
+    /// The client's filter tree (`filter_conditions`).
+    pub filter: Option<Filter<ChannelField>>,
+    /// The calling user, for `joined` and `has_unread`.
+    pub user_id: Option<String>,
+    /// Sort keys; `c.cid` breaks ties.
+    pub sort: Vec<Sort<ChannelSortField>>,
     pub limit: i64,
     pub offset: i64,
 }
@@ -292,72 +296,53 @@ impl Store {
 
     pub async fn query_channels(&self, f: &ChannelFilter) -> Result<Vec<Channel>> {
         let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL");
-        let mut binds: Vec<String> = Vec::new();
-        let list = |sql: &mut String, col: &str, values: &[String], binds: &mut Vec<String>| {
+        let mut b = SqlBuilder::new(self.backend(), Vec::new());
+        let list = |sql: &mut String, col: &str, values: &[String], b: &mut SqlBuilder| {
             if values.is_empty() {
                 sql.push_str(" AND 1 = 0");
                 return;
             }
-            sql.push_str(&format!(" AND {col} IN ({})", placeholders(binds.len() + 1, values.len())));
-            binds.extend(values.iter().cloned());
+            let ps: Vec<String> = values.iter().map(|v| b.bind(Bind::S(v.clone()))).collect();
+            sql.push_str(&format!(" AND {col} IN ({})", ps.join(", ")));
         };
         if let Some(v) = &f.types {
-            list(&mut sql, "c.type", v, &mut binds);
+            list(&mut sql, "c.type", v, &mut b);
         }
         if let Some(v) = &f.cids {
-            list(&mut sql, "c.cid", v, &mut binds);
+            list(&mut sql, "c.cid", v, &mut b);
         }
         if let Some(v) = &f.ids {
-            list(&mut sql, "c.id", v, &mut binds);
+            list(&mut sql, "c.id", v, &mut b);
         }
         if let Some(v) = &f.created_by_ids {
-            list(&mut sql, "c.created_by_id", v, &mut binds);
+            list(&mut sql, "c.created_by_id", v, &mut b);
         }
         if let Some(v) = &f.members_any {
             let mut inner = String::new();
-            list(&mut inner, "mf.user_id", v, &mut binds);
+            list(&mut inner, "mf.user_id", v, &mut b);
             sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mf WHERE mf.cid = c.cid{inner})"));
         }
         if let Some(v) = &f.members_all {
             for uid in v {
-                binds.push(uid.clone());
-                sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = ${})", binds.len()));
+                let p = b.bind(Bind::S(uid.clone()));
+                sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = {p})"));
             }
         }
         if let Some(uid) = &f.member_of {
-            binds.push(uid.clone());
-            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = ${})", binds.len()));
+            let p = b.bind(Bind::S(uid.clone()));
+            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = {p})"));
         }
         if let Some(v) = &f.teams {
-            list(&mut sql, "c.team", v, &mut binds);
+            list(&mut sql, "c.team", v, &mut b);
         }
-        for (key, value) in &f.custom_eq {
-            if key.contains('"') {
-                return domain(Error::input(format!("custom field name {key:?} cannot contain quotes")));
-            }
-            // Compare the field's JSON value with the filter's, by each engine's JSON operator.
-            match self.backend() {
-                crate::Backend::Sqlite => {
-                    binds.push(format!("$.\"{key}\""));
-                    binds.push(value.to_string());
-                    sql.push_str(&format!(" AND (c.custom -> ${}) = ${}", binds.len() - 1, binds.len()));
-                }
-                crate::Backend::Postgres => {
-                    binds.push(key.clone());
-                    binds.push(value.to_string());
-                    sql.push_str(&format!(" AND (c.custom::jsonb -> ${}) = CAST(${} AS jsonb)", binds.len() - 1, binds.len()));
-                }
-            }
+        if let Some(tree) = &f.filter {
+            let cond = channel_condition(&mut b, tree, f.user_id.as_deref())?;
+            sql.push_str(&format!(" AND {cond}"));
         }
-        let mut order: Vec<String> = f.sort.iter().map(|(col, desc)| format!("{col} {}", if *desc { "DESC" } else { "ASC" })).collect();
-        order.push("c.cid ASC".into());
-        sql.push_str(&format!(" ORDER BY {} LIMIT {} OFFSET {}", order.join(", "), f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for b in binds {
-            q = q.bind(b);
-        }
+        let order = channel_order(&mut b, &f.sort);
+        sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
-        let rows: Vec<AnyRow> = q.fetch_all(&mut *conn).await?;
+        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &b.binds).fetch_all(&mut *conn).await?;
         let mut channels = rows.iter().map(rows::channel).collect::<Result<Vec<_>>>()?;
         for ch in &mut channels {
             hydrate_channel(&mut conn, ch).await?;

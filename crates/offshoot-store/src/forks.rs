@@ -360,12 +360,7 @@ impl Store {
                 let channel = reload(&mut tx, &fork_cid).await?;
                 tx.commit(self).await?;
                 let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
-                return Ok(ForkOutcome {
-                    fork,
-                    channel,
-                    message_id_map: existing.first_page_map,
-                    created: false,
-                });
+                return Ok(ForkOutcome { fork, channel, message_id_map: existing.first_page_map, created: false });
             }
             return domain(
                 Error::new(

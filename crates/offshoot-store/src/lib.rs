@@ -44,6 +44,7 @@ mod channels;
 mod events;
 mod forks;
 mod messages;
+mod query;
 mod rows;
 mod users;
 
@@ -486,10 +487,9 @@ impl Store {
     {
         self.retrying("update_app_settings", || async {
             let mut tx = self.begin().await?;
-            let row: Option<AnyRow> =
-                sqlx::query(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
-                    .fetch_optional(&mut *tx.tx)
-                    .await?;
+            let row: Option<AnyRow> = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
+                .fetch_optional(&mut *tx.tx)
+                .await?;
             let mut settings: offshoot_core::model::AppSettings = match row {
                 Some(row) => serde_json::from_str(&rows::get_str(&row, "settings")?)?,
                 None => Default::default(),

@@ -40,6 +40,7 @@ pub enum PageDir {
 pub(crate) enum Bind {
     S(String),
     I(i64),
+    F(f64),
 }
 
 pub(crate) fn bind_all<'q>(
@@ -50,6 +51,7 @@ pub(crate) fn bind_all<'q>(
         q = match b {
             Bind::S(s) => q.bind(s.clone()),
             Bind::I(i) => q.bind(*i),
+            Bind::F(f) => q.bind(*f),
         };
     }
     q
@@ -628,8 +630,7 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
 /// for message writes is the channel row first (crate doc). `None` when the message does not
 /// exist or a rewind hid it.
 pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
-    let row: Option<AnyRow> =
-        sqlx::query("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
+    let row: Option<AnyRow> = sqlx::query("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
     let Some(row) = row else { return Ok(None) };
     let cid = rows::get_str(&row, "cid")?;
     let Some(ch) = lock_and_load(tx, &cid).await? else { return Ok(None) };
@@ -805,10 +806,8 @@ pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result
 
 /// The (message, user) rows of restricted visibility, the exact form every read matches on.
 pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyConnection, msgs: &[Message]) -> Result<()> {
-    let pairs: Vec<(&str, &str, i64)> = msgs
-        .iter()
-        .flat_map(|m| m.restricted_visibility.iter().map(move |u| (m.id.as_str(), u.as_str(), m.created_at)))
-        .collect();
+    let pairs: Vec<(&str, &str, i64)> =
+        msgs.iter().flat_map(|m| m.restricted_visibility.iter().map(move |u| (m.id.as_str(), u.as_str(), m.created_at))).collect();
     for chunk in pairs.chunks(300) {
         let rows: Vec<String> = (0..chunk.len())
             .map(|i| match backend {
@@ -908,6 +907,7 @@ impl Bind {
         match self {
             Bind::S(s) => s.clone(),
             Bind::I(i) => i.to_string(),
+            Bind::F(f) => f.to_string(),
         }
     }
 }

@@ -1,8 +1,11 @@
 //! Users, bans and channel types.
 
+use crate::messages::bind_all;
+use crate::query::{user_condition, user_order, SqlBuilder};
 use crate::rows::{self, placeholders, USER_COLS};
 use crate::{not_found, Result, Store};
 use offshoot_core::model::{ChannelType, Custom, User};
+use offshoot_core::query::{Filter, Sort, UserField, UserSortField};
 use offshoot_core::time;
 use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
@@ -132,6 +135,27 @@ impl Store {
             .fetch_optional(self.pool())
             .await?;
         row.as_ref().map(rows::user).transpose()
+    }
+
+    /// Query Users: the users matching `filter`, in `sort` order (then by id).
+    pub async fn query_users(
+        &self,
+        filter: &Filter<UserField>,
+        sort: &[Sort<UserSortField>],
+        limit: i64,
+        offset: i64,
+    ) -> Result<Vec<User>> {
+        let mut b = SqlBuilder::new(self.backend(), Vec::new());
+        let cond = user_condition(&mut b, filter)?;
+        let order = user_order(&mut b, sort);
+        let cols = USER_COLS.split(", ").map(|c| format!("u.{c}")).collect::<Vec<_>>().join(", ");
+        let sql = format!(
+            "SELECT {cols} FROM app_user u WHERE {cond} ORDER BY {order} LIMIT {} OFFSET {}",
+            limit.clamp(0, 100),
+            offset.clamp(0, 10_000)
+        );
+        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &b.binds).fetch_all(self.pool()).await?;
+        rows.iter().map(rows::user).collect()
     }
 
     pub async fn get_users(&self, ids: &[String]) -> Result<HashMap<String, User>> {

@@ -36,8 +36,6 @@ const LEASE: Duration = Duration::from_secs(30);
 
 /// Runs until `shutdown`, then waits (bounded by one attempt's timeout) for deliveries in
 /// flight.
-/// Delivered events stay in the outbox this long (WebSocket catch-up, AI-state lookups).
-
 pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: CancellationToken) {
     let client = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).redirect(reqwest::redirect::Policy::none()).build() {
         Ok(c) => c,

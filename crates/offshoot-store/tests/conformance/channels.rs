@@ -2,6 +2,7 @@
 
 use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member, msg, user, user_input, with_store};
 use offshoot_core::model::{NewMessage, Viewer};
+use offshoot_core::query::{channel_sort_field, parse_filter, parse_sort, ChannelSortField, Sort};
 use offshoot_core::ErrorKind;
 use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel};
 use serde_json::{json, Map, Value};
@@ -70,7 +71,8 @@ async fn update_channel_replaces_custom_data_and_sets_team_and_frozen() {
         let s = &ctx.store;
         let ch = agent_channel(s, "up", &[]).await;
         let actor = user("owner");
-        let change = ChannelUpdate { custom: Some(custom(json!({"b": 2}))), team: Some("green".into()), frozen: Some(true), ..Default::default() };
+        let change =
+            ChannelUpdate { custom: Some(custom(json!({"b": 2}))), team: Some("green".into()), frozen: Some(true), ..Default::default() };
         let (updated, _) = s.update_channel(&ch.cid, &change, Some(&actor)).await.expect("update");
         assert_eq!(updated.custom, custom(json!({"b": 2})));
         assert_eq!(updated.team.as_deref(), Some("green"));
@@ -316,7 +318,7 @@ async fn query_channels_filters_sorts_and_pages() {
             q(ChannelFilter { member_of: Some("ben".into()), types: Some(strings(&["agent"])), ..Default::default() }).await,
             strings(&["agent:a1"])
         );
-        let newest_first = ChannelFilter { sort: vec![("c.created_at".into(), true)], ..Default::default() };
+        let newest_first = ChannelFilter { sort: vec![Sort { field: ChannelSortField::CreatedAt, desc: true }], ..Default::default() };
         assert_eq!(q(newest_first.clone()).await, strings(&["agent:a3", "messaging:m1", "agent:a2", "agent:a1"]));
         assert_eq!(q(ChannelFilter { limit: 2, offset: 1, ..newest_first.clone() }).await, strings(&["messaging:m1", "agent:a2"]));
         assert_eq!(q(ChannelFilter { limit: 2, offset: 3, ..newest_first }).await, strings(&["agent:a1"]));
@@ -329,6 +331,83 @@ async fn query_channels_filters_sorts_and_pages() {
         assert_eq!(full.member_count, 2);
         assert_eq!(full.created_by.map(|u| u.id), Some("owner".to_string()), "results are hydrated like get_channel");
         assert_eq!(full.config.map(|c| c.name), Some("agent".to_string()));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn query_channels_takes_streams_operators_on_built_in_and_custom_fields() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        for (id, members, data) in [
+            ("c1", vec!["amy", "ben"], json!({"name": "Rocket launch", "tier": 3, "vip": true, "region": "eu"})),
+            ("c2", vec!["amy"], json!({"name": "Roadmap review", "tier": 1, "region": "us"})),
+            ("c3", vec!["ben"], json!({"name": "Weekly sync", "tier": 2, "vip": false})),
+            ("c4", vec![], json!({"name": "launch party"})),
+        ] {
+            let members: Vec<MemberInput> = members.iter().map(|u| member(u)).collect();
+            s.create_channel(&NewChannel {
+                kind: "agent".into(),
+                id: id.into(),
+                created_by_id: Some("owner".into()),
+                custom: data.as_object().cloned().unwrap_or_default(),
+                members,
+                ..Default::default()
+            })
+            .await
+            .expect("create");
+        }
+        s.partial_update_channel("agent:c3", &custom(json!({"frozen": true})), &[], None).await.expect("freeze");
+        s.send_message("agent:c2", &msg("hello-c2", "hello"), &user("ben")).await.expect("send");
+
+        let q = |filter: Value, sort: Value, user: Option<&'static str>| async move {
+            let f = ChannelFilter {
+                filter: Some(parse_filter(filter.as_object().expect("object")).expect("valid filter")),
+                sort: parse_sort(Some(&sort), channel_sort_field).expect("valid sort"),
+                user_id: user.map(str::to_string),
+                limit: 100,
+                ..Default::default()
+            };
+            s.query_channels(&f).await.expect("query").into_iter().map(|c| c.id).collect::<Vec<_>>()
+        };
+        let none = json!([]);
+        assert_eq!(q(json!({"tier": {"$gte": 2}}), none.clone(), None).await, ["c1", "c3"]);
+        assert_eq!(q(json!({"tier": {"$lt": 3}}), json!([{"field": "tier", "direction": -1}]), None).await, ["c3", "c2"]);
+        assert_eq!(q(json!({"region": {"$in": ["eu", "us"]}}), none.clone(), None).await, ["c1", "c2"]);
+        assert_eq!(q(json!({"region": {"$nin": ["eu"]}}), none.clone(), None).await, ["c2", "c3", "c4"]);
+        assert_eq!(q(json!({"region": {"$ne": "eu"}}), none.clone(), None).await, ["c2", "c3", "c4"]);
+        assert_eq!(q(json!({"vip": {"$exists": true}}), none.clone(), None).await, ["c1", "c3"]);
+        assert_eq!(q(json!({"vip": true}), none.clone(), None).await, ["c1"]);
+        assert_eq!(q(json!({"name": {"$autocomplete": "lau"}}), none.clone(), None).await, ["c1", "c4"]);
+        assert_eq!(q(json!({"name": {"$autocomplete": "ro"}}), none.clone(), None).await, ["c1", "c2"]);
+        assert_eq!(q(json!({"frozen": true}), none.clone(), None).await, ["c3"]);
+        assert_eq!(q(json!({"frozen": {"$ne": true}}), none.clone(), None).await, ["c1", "c2", "c4"]);
+        assert_eq!(q(json!({"$or": [{"tier": 1}, {"frozen": true}]}), none.clone(), None).await, ["c2", "c3"]);
+        assert_eq!(q(json!({"$nor": [{"tier": 1}, {"frozen": true}]}), none.clone(), None).await, ["c1", "c4"]);
+        assert_eq!(q(json!({"$and": [{"members": {"$in": ["amy"]}}, {"tier": {"$gt": 1}}]}), none.clone(), None).await, ["c1"]);
+        assert_eq!(q(json!({"members": {"$nin": ["amy"]}}), none.clone(), None).await, ["c3", "c4"]);
+        assert_eq!(q(json!({"members": {"$eq": ["amy", "ben"]}}), none.clone(), None).await, ["c1"]);
+        assert_eq!(q(json!({"last_message_at": {"$exists": true}}), none.clone(), None).await, ["c2"]);
+        assert_eq!(q(json!({"created_at": {"$gt": "2000-01-01T00:00:00Z"}, "id": {"$in": ["c4"]}}), none.clone(), None).await, ["c4"]);
+        assert_eq!(q(json!({"member_count": {"$gte": 2}}), none.clone(), None).await, ["c1"]);
+        assert_eq!(q(json!({"joined": true}), none.clone(), Some("ben")).await, ["c1", "c3"]);
+        assert_eq!(q(json!({"joined": false}), none.clone(), Some("ben")).await, ["c2", "c4"]);
+        assert_eq!(q(json!({"has_unread": true}), none.clone(), Some("amy")).await, ["c2"], "ben's message is unread for amy");
+        assert_eq!(q(json!({"has_unread": true}), none.clone(), Some("ben")).await, Vec::<String>::new(), "his own message is not");
+        assert_eq!(q(json!({"hidden": false}), none.clone(), None).await, ["c1", "c2", "c3", "c4"]);
+        assert_eq!(
+            q(json!({}), json!([{"field": "last_message_at", "direction": -1}, {"field": "id", "direction": -1}]), None).await,
+            ["c2", "c4", "c3", "c1"],
+            "NULLs last on both engines"
+        );
+        let err = s
+            .query_channels(&ChannelFilter {
+                filter: Some(parse_filter(json!({"joined": true}).as_object().expect("object")).expect("valid")),
+                limit: 10,
+                ..Default::default()
+            })
+            .await;
+        assert_kind(err, ErrorKind::Input);
     })
     .await;
 }
