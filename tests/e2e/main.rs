@@ -16,6 +16,7 @@ mod auth;
 mod chat;
 mod concurrency;
 mod dialects;
+mod fidelity;
 mod fork;
 mod hardening;
 mod process;

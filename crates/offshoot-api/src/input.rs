@@ -260,11 +260,12 @@ pub fn new_message(o: &Obj, server_side: bool, max_text: i64) -> R<NewMessage> {
         _ => String::new(),
     };
     let kind = str_opt(o, "type")?.unwrap_or_else(|| "regular".into());
-    if kind != "regular" && kind != "system" {
-        return Err(Error::input(format!("message type {kind:?} cannot be sent: use regular or system")));
+    if !matches!(kind.as_str(), "regular" | "system" | "ephemeral" | "error") {
+        return Err(Error::input(format!("message type {kind:?} cannot be sent: use regular, system, ephemeral or error"))
+            .field("field", "message.type"));
     }
-    if kind == "system" && !server_side {
-        return Err(Error::not_allowed("only server-side requests can send system messages"));
+    if kind != "regular" && !server_side {
+        return Err(Error::not_allowed(format!("only server-side requests can send {kind} messages")));
     }
     let attachments = match arr_opt(o, "attachments")? {
         None => Vec::new(),

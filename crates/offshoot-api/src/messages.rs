@@ -7,7 +7,7 @@ use crate::input::{self, bool_opt, get, obj_opt, Obj};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
-use offshoot_core::model::{Audience, Channel, Message, Reaction, User, Viewer};
+use offshoot_core::model::{Audience, Channel, Message, NewMessage, Reaction, User, Viewer};
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, perm, time, Error};
 use offshoot_store::{Page, PageDir};
@@ -47,7 +47,49 @@ pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
     };
     let mut new = input::new_message(msg, ctx.viewer.is_admin(), max_len(&ch))?;
     new.user_id = author.id.clone();
+    if matches!(new.kind.as_str(), "ephemeral" | "error") {
+        return send_ephemeral(&st, &ctx, &ch, new, author).await;
+    }
     let m = st.store.send_message(&cid, &new, &author).await?;
+    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
+}
+
+/// `ephemeral` and `error` messages, as Stream has them: pushed to their author's connections
+/// only (`message.new`), never stored, so no read, query or fork ever returns them.
+async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage, author: User) -> ApiResult<Json<Value>> {
+    let now = time::now();
+    let m = Message {
+        id: if new.id.is_empty() { ids::new_id() } else { new.id },
+        cid: ch.cid.clone(),
+        user_id: author.id.clone(),
+        user: Some(author.clone()),
+        kind: new.kind,
+        text: new.text,
+        html: new.html,
+        mml: new.mml,
+        command: new.command,
+        parent_id: new.parent_id,
+        show_in_channel: new.show_in_channel,
+        attachments: new.attachments,
+        mentioned_users: new.mentioned_users,
+        silent: new.silent,
+        i18n: new.i18n,
+        custom: new.custom,
+        created_at: now,
+        updated_at: now,
+        ..Default::default()
+    };
+    let ev = offshoot_core::model::Event {
+        kind: "message.new".into(),
+        cid: Some(ch.cid.clone()),
+        channel_type: Some(ch.kind.clone()),
+        channel_id: Some(ch.id.clone()),
+        user: Some(author.clone()),
+        message: Some(m.clone()),
+        created_at: now,
+        ..Default::default()
+    };
+    st.store.publish(ev, Audience { watchers_of: None, users: vec![author.id.clone()], webhooks: false }).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
 }
 

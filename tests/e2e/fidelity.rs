@@ -1,0 +1,81 @@
+//! What Stream clients expect beyond the basics: `ephemeral` and `error` messages go to their
+//! author only and are never stored.
+
+use crate::helpers::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message as Frame;
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Connects `user` to `/connect` as JS does; returns the socket and its connection id.
+async fn connect(app: &TestApp, user: &str) -> (Ws, String) {
+    let json_param = json!({"user_id": user, "user_details": {"id": user}}).to_string();
+    let url = reqwest::Url::parse_with_params(
+        &format!("{}/connect", app.base.replacen("http", "ws", 1)),
+        &[("json", json_param.as_str()), ("api_key", API_KEY), ("authorization", &app.user(user)), ("stream-auth-type", "jwt")],
+    )
+    .expect("url");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("handshake");
+    let first = next_json(&mut ws, Duration::from_secs(20)).await.expect("health.check");
+    let id = first["connection_id"].as_str().expect("connection_id").to_string();
+    (ws, id)
+}
+
+async fn next_json(ws: &mut Ws, wait: Duration) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Err(_) => return None,
+            Ok(Some(Ok(Frame::Text(t)))) => return Some(serde_json::from_str(t.as_str()).expect("json frame")),
+            Ok(Some(Ok(_))) => {}
+            Ok(other) => panic!("the socket ended: {other:?}"),
+        }
+    }
+}
+
+/// The `message.new` events a socket receives within `wait`.
+async fn new_messages(ws: &mut Ws, wait: Duration) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut out = Vec::new();
+    while let Some(v) = next_json(ws, deadline.saturating_duration_since(tokio::time::Instant::now())).await {
+        if v["type"] == json!("message.new") {
+            out.push(v["message"].clone());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn ephemeral_and_error_messages_reach_their_author_only_and_are_never_stored() {
+    let app = TestApp::spawn().await;
+    app.users(&["asker", "other"]).await;
+    app.channel("agent:eph", "asker", &["asker", "other"]).await;
+    let (mut asker, asker_conn) = connect(&app, "asker").await;
+    let (mut other, other_conn) = connect(&app, "other").await;
+    for (user, conn) in [("asker", &asker_conn), ("other", &other_conn)] {
+        app.post(&format!("{}/query?connection_id={conn}", channel_path("agent:eph")), &app.user(user), json!({"watch": true})).await.ok();
+    }
+
+    let path = format!("{}/message", channel_path("agent:eph"));
+    let eph = app.post(&path, &app.server(), json!({"message": {"type": "ephemeral", "text": "only you", "user_id": "asker"}})).await.ok();
+    assert_eq!(eph["message"]["type"], json!("ephemeral"), "{eph}");
+    let err = app.post(&path, &app.server(), json!({"message": {"type": "error", "text": "failed", "user_id": "asker"}})).await.ok();
+    assert_eq!(err["message"]["type"], json!("error"), "{err}");
+    app.say("agent:eph", "other", "for everyone").await;
+
+    let seen_by_asker: Vec<String> =
+        new_messages(&mut asker, Duration::from_secs(3)).await.iter().map(|m| m["type"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(seen_by_asker, ["ephemeral", "error", "regular"], "the author gets both, in order, then the regular message");
+    let seen_by_other: Vec<String> =
+        new_messages(&mut other, Duration::from_secs(2)).await.iter().map(|m| m["type"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(seen_by_other, ["regular"], "another member never sees them");
+
+    let state = app.state("agent:eph", 100).await;
+    assert_eq!(ids(&state["messages"]).len(), 1, "not stored in the history: {}", state["messages"]);
+    let id = eph["message"]["id"].as_str().expect("id");
+    app.get(&format!("/messages/{id}"), &app.server()).await.err(404, 16);
+    // Client-side requests cannot send them.
+    app.post(&path, &app.user("asker"), json!({"message": {"type": "ephemeral", "text": "x"}})).await.err(403, 17);
+}
