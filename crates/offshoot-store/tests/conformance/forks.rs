@@ -655,3 +655,21 @@ async fn two_workers_backfilling_one_fork_copy_each_message_once() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_fork_status_this_version_does_not_know_is_an_error_not_backfilling() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let src = channel_of(s, "agent", "odd", "owner", &["amy"]).await;
+        s.send_message(&src.cid, &msg("p", "point"), &user("amy")).await.expect("send");
+        s.create_fork(&request(&src.cid, "p", "odd-fork")).await.expect("fork");
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&ctx.url).await.expect("connect");
+        sqlx::query("UPDATE fork SET status = 'paused' WHERE cid = 'agent:odd-fork'").execute(&pool).await.expect("update");
+        pool.close().await;
+        let e = s.get_channel("agent:odd-fork").await.expect_err("an unknown status does not read as backfilling");
+        assert!(e.to_string().contains("paused"), "{e}");
+        assert!(s.backfilling_forks().await.expect("list").is_empty(), "and is never resumed as one");
+    })
+    .await;
+}
