@@ -1,4 +1,4 @@
-//! Authentication and the error envelope (stream-wire.md §1, §2).
+//! Authentication and the error envelope (docs/compatibility.md, "Wire").
 
 use crate::helpers::*;
 use offshoot_core::token::{sign, Claims};

@@ -1,4 +1,4 @@
-//! The two wire dialects (stream-wire.md §0): legacy paths render RFC 3339 strings and flat
+//! The two wire dialects (docs/compatibility.md, "Wire"): legacy paths render RFC 3339 strings and flat
 //! custom fields; `/api/v2/...` paths render integer nanoseconds and nested `custom`.
 
 use crate::helpers::*;

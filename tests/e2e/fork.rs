@@ -1,5 +1,5 @@
 //! Fork, paragraph by paragraph and error row by error row of the fork document
-//! (`reference/003_7054b0e43bc45b17.md`) and DESIGN.md's decisions.
+//! (the fork documentation, as `docs/fork.md` and the README record it) and the decisions in `docs/fork.md`.
 
 use crate::helpers::*;
 use futures_util::future::join_all;
@@ -937,7 +937,7 @@ async fn the_creator_defaults_to_the_sources_and_user_id_and_channel_data_and_te
     assert_eq!(c["channel"]["team"], json!("red"), "{c}");
 }
 
-// --- beyond the reference (DESIGN.md) ---------------------------------------------------------------------
+// --- beyond the reference (docs/fork.md) ---------------------------------------------------------------------
 
 #[tokio::test]
 async fn require_finished_refuses_a_fork_point_the_agent_is_still_writing_with_fork_point_generating() {

@@ -1,4 +1,4 @@
-//! Parsing the polymorphic inputs the three SDKs send (stream-wire.md §9): members as strings
+//! Parsing the polymorphic inputs the three SDKs send (docs/compatibility.md): members as strings
 //! or objects, the actor as `user_id`, `user.id` or `created_by.id`, custom data nested under
 //! `custom` or flat, `null` for absent. Wrong types are input errors that name the field.
 
