@@ -1,5 +1,5 @@
 //! Fork, paragraph by paragraph and error row by error row of the fork document
-//! (the fork documentation, as `docs/fork.md` and the README record it) and the decisions in `docs/fork.md`.
+//! (as `docs/fork.md` and the README record it), and the decisions in `docs/fork.md`.
 
 use crate::helpers::*;
 use futures_util::future::join_all;
