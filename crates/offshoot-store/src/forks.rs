@@ -367,7 +367,6 @@ impl Store {
                     ErrorKind::ForkTargetConflict,
                     format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid),
                 )
-                .reason("fork_target_conflict")
                 .field("source_channel_cid", s.source_channel_cid.clone())
                 .field("source_message_id", s.source_message_id.clone()),
             );
@@ -387,22 +386,20 @@ impl Store {
         }
         if let Some(f) = &source.fork {
             if f.status == ForkStatus::Backfilling {
-                return domain(
-                    Error::new(
-                        ErrorKind::ForkInProgress,
-                        format!(
-                            "channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives",
-                            req.source_cid
-                        ),
-                    )
-                    .reason("fork_in_progress"),
-                );
+                return domain(Error::new(
+                    ErrorKind::ForkInProgress,
+                    format!(
+                        "channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives",
+                        req.source_cid
+                    ),
+                ));
             }
         }
         if load_channel(&mut tx.tx, &fork_cid).await?.is_some() {
-            return domain(
-                Error::input(format!("channel {fork_cid:?} already exists; fork into a new channel id")).reason("fork_target_exists"),
-            );
+            return domain(Error::new(
+                ErrorKind::ForkTargetExists,
+                format!("channel {fork_cid:?} already exists; fork into a new channel id"),
+            ));
         }
         let point = match load_message(&mut tx.tx, &req.message_id).await? {
             Some((m, false))
@@ -424,8 +421,7 @@ impl Store {
         };
         if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
             return domain(
-                Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id))
-                    .reason("fork_point_generating"),
+                Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id)),
             );
         }
         let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
@@ -435,13 +431,10 @@ impl Store {
             .fetch_one(&mut *tx.tx)
             .await?;
         if rows::get_i64(&clash, "n")? > 0 {
-            return domain(
-                Error::new(
-                    ErrorKind::ForkPointAmbiguous,
-                    format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
-                )
-                .reason("fork_point_ambiguous"),
-            );
+            return domain(Error::new(
+                ErrorKind::ForkPointAmbiguous,
+                format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
+            ));
         }
         let forks: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE source_cid = $1 AND status <> 'failed'")
             .bind(source.cid.clone())
@@ -453,7 +446,6 @@ impl Store {
                     ErrorKind::TooManyForks,
                     format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS),
                 )
-                .reason("too_many_forks")
                 .field("limit", plan::MAX_FORKS.to_string()),
             );
         }

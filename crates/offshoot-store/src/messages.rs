@@ -500,13 +500,10 @@ impl Store {
         }
         if let Some(f) = &ch.fork {
             if f.status == ForkStatus::Backfilling {
-                return domain(
-                    Error::new(
-                        ErrorKind::ForkInProgress,
-                        format!("channel {cid:?} is a fork whose history is still being copied; rewind it once channel.forked arrives"),
-                    )
-                    .reason("fork_in_progress"),
-                );
+                return domain(Error::new(
+                    ErrorKind::ForkInProgress,
+                    format!("channel {cid:?} is a fork whose history is still being copied; rewind it once channel.forked arrives"),
+                ));
             }
         }
         let point = match load_message(&mut tx.tx, message_id).await? {
@@ -523,16 +520,13 @@ impl Store {
         };
         let newest = newest_visible_top_level(&mut tx.tx, &ch).await?;
         if newest.as_deref() != Some(expected_last) {
-            return domain(
-                Error::new(
-                    ErrorKind::RewindConflict,
-                    format!(
-                        "expected_last_message_id {expected_last:?} is not the newest visible message of the channel (it is {:?})",
-                        newest.unwrap_or_default()
-                    ),
-                )
-                .reason("rewind_conflict"),
-            );
+            return domain(Error::new(
+                ErrorKind::RewindConflict,
+                format!(
+                    "expected_last_message_id {expected_last:?} is not the newest visible message of the channel (it is {:?})",
+                    newest.unwrap_or_default()
+                ),
+            ));
         }
         let now = time::now();
         let op = if inclusive { ">=" } else { ">" };
@@ -673,8 +667,7 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
     if let Some(f) = &ch.fork {
         if f.status == ForkStatus::Backfilling && ids::is_v5_uuid(&id) {
             return domain(
-                Error::input(format!("message id {id:?} is a version 5 UUID, the form of the copy ids of fork {:?} which is still copying; use another id form or send it after channel.forked", ch.cid))
-                    .reason("fork_message_id_reserved"),
+                Error::new(ErrorKind::ForkMessageIdReserved, format!("message id {id:?} is a version 5 UUID, the form of the copy ids of fork {:?} which is still copying; use another id form or send it after channel.forked", ch.cid)),
             );
         }
     }

@@ -268,7 +268,7 @@ async fn a_longer_history_backfills_page_by_page_to_the_exact_count_without_dupl
         let e = assert_kind(s.create_fork(&request(fc, &last_copy, "lf2")).await, ErrorKind::ForkInProgress);
         assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_in_progress"));
         let v5 = copy_id("agent:elsewhere", "x");
-        let e = assert_kind(s.send_message(fc, &msg(&v5, "reserved"), &user("amy")).await, ErrorKind::Input);
+        let e = assert_kind(s.send_message(fc, &msg(&v5, "reserved"), &user("amy")).await, ErrorKind::ForkMessageIdReserved);
         assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_message_id_reserved"));
         s.send_message(fc, &msg("own-1", "a message of the fork's own"), &user("amy")).await.expect("other ids are accepted");
 
@@ -390,7 +390,7 @@ async fn a_retry_returns_the_existing_fork_and_another_message_into_the_same_tar
         assert_eq!(e.fields.get("source_message_id").map(String::as_str), Some("m00001"));
 
         agent_channel(s, "plain", &[]).await;
-        let e = assert_kind(s.create_fork(&request(&src.cid, "m00002", "plain")).await, ErrorKind::Input);
+        let e = assert_kind(s.create_fork(&request(&src.cid, "m00002", "plain")).await, ErrorKind::ForkTargetExists);
         assert_eq!(e.fields.get("reason").map(String::as_str), Some("fork_target_exists"));
         assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("forks").len(), 1, "refused forks leave nothing behind");
         assert!(s.get_channel("agent:rf2").await.expect("get").is_none());
