@@ -79,3 +79,38 @@ async fn ephemeral_and_error_messages_reach_their_author_only_and_are_never_stor
     // Client-side requests cannot send them.
     app.post(&path, &app.user("asker"), json!({"message": {"type": "ephemeral", "text": "x"}})).await.err(403, 17);
 }
+
+#[tokio::test]
+async fn me_carries_the_users_unread_counters_when_it_connects() {
+    let app = TestApp::spawn().await;
+    app.users(&["reader", "writer"]).await;
+    for cid in ["agent:unread-1", "agent:unread-2", "agent:unread-3"] {
+        app.channel(cid, "writer", &["reader", "writer"]).await;
+    }
+    app.say("agent:unread-1", "writer", "one").await;
+    app.say("agent:unread-1", "writer", "two").await;
+    app.say("agent:unread-2", "writer", "three").await;
+    app.say("agent:unread-3", "reader", "my own message is not unread").await;
+    app.send_message("agent:unread-3", json!({"text": "for someone else", "user_id": "writer", "restricted_visibility": ["writer"]})).await;
+
+    let json_param = json!({"user_id": "reader", "user_details": {"id": "reader"}}).to_string();
+    let first = |token: String| {
+        let json_param = json_param.clone();
+        let base = app.base.replacen("http", "ws", 1);
+        async move {
+            let url = reqwest::Url::parse_with_params(
+                &format!("{base}/connect"),
+                &[("json", json_param.as_str()), ("api_key", API_KEY), ("authorization", &token), ("stream-auth-type", "jwt")],
+            )
+            .expect("url");
+            let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("handshake");
+            next_json(&mut ws, Duration::from_secs(20)).await.expect("health.check")
+        }
+    };
+    let me = first(app.user("reader")).await["me"].clone();
+    assert_eq!((me["total_unread_count"].clone(), me["unread_channels"].clone()), (json!(3), json!(2)), "{me}");
+
+    app.post(&format!("{}/read", channel_path("agent:unread-1")), &app.user("reader"), json!({})).await.ok();
+    let me = first(app.user("reader")).await["me"].clone();
+    assert_eq!((me["total_unread_count"].clone(), me["unread_channels"].clone()), (json!(1), json!(1)), "after marking one read: {me}");
+}

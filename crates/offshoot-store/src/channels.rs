@@ -42,6 +42,15 @@ pub struct ChannelUpdate {
     pub message: Option<(NewMessage, User)>,
 }
 
+/// A user's unread counters, as `me` carries them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnreadCounts {
+    /// Unread messages over all the user's channels (`total_unread_count`, `unread_count`).
+    pub total: i64,
+    /// Channels with at least one unread message (`unread_channels`).
+    pub channels: i64,
+}
+
 /// One member's read state of a channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadState {
@@ -379,6 +388,27 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// A user's unread messages over every channel they are a member of, and in how many
+    /// channels they are, by the rule of [`Store::member_read_states`]: one query, which reads
+    /// only the messages after each channel's read mark.
+    pub async fn unread_counts(&self, user_id: &str) -> Result<UnreadCounts> {
+        let row: AnyRow = sqlx::query(AssertSqlSafe(format!(
+            "SELECT COUNT(*) AS total, COUNT(DISTINCT m.cid) AS channels FROM member mb \
+             JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL \
+             LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
+             JOIN message m ON m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) \
+             WHERE mb.user_id = $1 AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at) \
+             AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
+             AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
+             AND (m.restricted_visibility = '[]' OR {})",
+            crate::messages::restricted_to("m.id", "mb.user_id")
+        )))
+        .bind(user_id.to_string())
+        .fetch_one(self.pool())
+        .await?;
+        Ok(UnreadCounts { total: rows::get_i64(&row, "total")?, channels: rows::get_i64(&row, "channels")? })
     }
 
     /// Read state of a channel: (user_id, last_read, last_read_message_id).

@@ -48,7 +48,7 @@ mod query;
 mod rows;
 mod users;
 
-pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState};
+pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState, UnreadCounts};
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use users::{UserInput, UserPatch};

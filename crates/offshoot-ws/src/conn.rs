@@ -11,6 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use offshoot_core::model::User;
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{time, Error};
+use offshoot_store::UnreadCounts;
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -157,7 +158,14 @@ async fn reject(sink: &mut Sink, mut source: Source, e: &Error) {
 
 async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, dialect: Dialect, hello: &str) {
     let conn_id = uuid::Uuid::new_v4().to_string();
-    let me = render_me(dialect, &user);
+    let unread = match hub.store.unread_counts(&user.id).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the unread counters failed; me carries 0");
+            UnreadCounts::default()
+        }
+    };
+    let me = render_me(dialect, &user, unread);
     let (queue, mut events) = mpsc::channel(QUEUE_CAPACITY);
     let kick = CancellationToken::new();
     // Registered before the first frame, so a watch sent right after it finds the connection.
@@ -217,13 +225,14 @@ fn is_health_check(text: &Utf8Bytes) -> bool {
 }
 
 /// The connection's own user, as JS `connectUser` expects it in `me`.
-fn render_me(dialect: Dialect, user: &User) -> Value {
+fn render_me(dialect: Dialect, user: &User, unread: UnreadCounts) -> Value {
     let mut me = render::user(dialect, user);
     if let Value::Object(o) = &mut me {
         o.insert("online".into(), true.into());
-        for key in ["total_unread_count", "unread_channels", "unread_count", "unread_threads"] {
-            o.insert(key.into(), 0.into());
-        }
+        o.insert("total_unread_count".into(), unread.total.into());
+        o.insert("unread_count".into(), unread.total.into());
+        o.insert("unread_channels".into(), unread.channels.into());
+        o.insert("unread_threads".into(), 0.into());
         for key in ["channel_mutes", "mutes", "devices"] {
             o.insert(key.into(), Value::Array(Vec::new()));
         }
@@ -288,9 +297,12 @@ mod tests {
 
     #[test]
     fn me_carries_the_counters_js_reads() {
-        let me = render_me(Dialect::Legacy, &User::placeholder("u1", "user"));
+        let me = render_me(Dialect::Legacy, &User::placeholder("u1", "user"), UnreadCounts { total: 7, channels: 2 });
         assert_eq!(me["id"], "u1");
-        assert_eq!(me["total_unread_count"], 0);
+        assert_eq!(
+            (me["total_unread_count"].clone(), me["unread_count"].clone(), me["unread_channels"].clone()),
+            (json!(7), json!(7), json!(2))
+        );
         assert_eq!(me["mutes"], json!([]));
     }
 }
