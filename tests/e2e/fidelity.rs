@@ -114,3 +114,25 @@ async fn me_carries_the_users_unread_counters_when_it_connects() {
     let me = first(app.user("reader")).await["me"].clone();
     assert_eq!((me["total_unread_count"].clone(), me["unread_channels"].clone()), (json!(1), json!(1)), "after marking one read: {me}");
 }
+
+#[tokio::test]
+async fn marking_a_channel_read_tells_the_readers_connections_their_new_counters() {
+    let app = TestApp::spawn().await;
+    app.users(&["reader", "writer"]).await;
+    app.channel("agent:mark-1", "writer", &["reader", "writer"]).await;
+    app.channel("agent:mark-2", "writer", &["reader", "writer"]).await;
+    app.say("agent:mark-1", "writer", "one").await;
+    app.say("agent:mark-2", "writer", "two").await;
+    app.say("agent:mark-2", "writer", "three").await;
+    let (mut ws, _) = connect(&app, "reader").await;
+    app.post(&format!("{}/read", channel_path("agent:mark-2")), &app.user("reader"), json!({})).await.ok();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let note = loop {
+        let v = next_json(&mut ws, deadline.saturating_duration_since(tokio::time::Instant::now())).await.expect("notification.mark_read");
+        if v["type"] == json!("notification.mark_read") {
+            break v;
+        }
+    };
+    assert_eq!(note["cid"], json!("agent:mark-2"), "{note}");
+    assert_eq!((note["total_unread_count"].clone(), note["unread_channels"].clone()), (json!(1), json!(1)), "{note}");
+}

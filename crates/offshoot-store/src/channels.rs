@@ -394,21 +394,8 @@ impl Store {
     /// channels they are, by the rule of [`Store::member_read_states`]: one query, which reads
     /// only the messages after each channel's read mark.
     pub async fn unread_counts(&self, user_id: &str) -> Result<UnreadCounts> {
-        let row: AnyRow = sqlx::query(AssertSqlSafe(format!(
-            "SELECT COUNT(*) AS total, COUNT(DISTINCT m.cid) AS channels FROM member mb \
-             JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL \
-             LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
-             JOIN message m ON m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) \
-             WHERE mb.user_id = $1 AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at) \
-             AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
-             AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-             AND (m.restricted_visibility = '[]' OR {})",
-            crate::messages::restricted_to("m.id", "mb.user_id")
-        )))
-        .bind(user_id.to_string())
-        .fetch_one(self.pool())
-        .await?;
-        Ok(UnreadCounts { total: rows::get_i64(&row, "total")?, channels: rows::get_i64(&row, "channels")? })
+        let mut conn = self.pool().acquire().await?;
+        unread_counts_on(&mut conn, user_id).await
     }
 
     /// Read state of a channel: (user_id, last_read, last_read_message_id).
@@ -440,6 +427,14 @@ impl Store {
             .execute(&mut *tx.tx)
             .await?;
         tx.event(event_for("message.read", &ch, Some(user.clone())), to_watchers_and_hooks(cid)).await?;
+        // The reader's own connections learn their new counters, as Stream's clients expect.
+        let unread = unread_counts_on(&mut tx.tx, &user.id).await?;
+        let mut note = event_for("notification.mark_read", &ch, Some(user.clone()));
+        note.extra.insert("total_unread_count".into(), unread.total.into());
+        note.extra.insert("unread_count".into(), unread.total.into());
+        note.extra.insert("unread_channels".into(), unread.channels.into());
+        note.extra.insert("unread_messages".into(), 0.into());
+        tx.event(note, Audience { watchers_of: None, users: vec![user.id.clone()], webhooks: false }).await?;
         tx.commit(self).await?;
         Ok(now)
     }
@@ -583,6 +578,25 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
         tx.event(note, Audience { watchers_of: None, users: vec![uid.clone()], webhooks: false }).await?;
     }
     Ok(())
+}
+
+/// [`Store::unread_counts`] on a connection (inside a transaction: as it sees its own writes).
+pub(crate) async fn unread_counts_on(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
+    let row: AnyRow = sqlx::query(AssertSqlSafe(format!(
+        "SELECT COUNT(*) AS total, COUNT(DISTINCT m.cid) AS channels FROM member mb \
+         JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL \
+         LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
+         JOIN message m ON m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) \
+         WHERE mb.user_id = $1 AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at) \
+         AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
+         AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
+         AND (m.restricted_visibility = '[]' OR {})",
+        crate::messages::restricted_to("m.id", "mb.user_id")
+    )))
+    .bind(user_id.to_string())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(UnreadCounts { total: rows::get_i64(&row, "total")?, channels: rows::get_i64(&row, "channels")? })
 }
 
 /// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.

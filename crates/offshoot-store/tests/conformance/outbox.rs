@@ -67,6 +67,7 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
                 "channel.updated",
                 "channel.truncated",
                 "message.read",
+                "notification.mark_read",
                 "member.added",
                 "notification.added_to_channel",
                 "member.removed",
