@@ -80,7 +80,11 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
         assert!(events.iter().all(|e| e.event.cid.as_deref() == Some(cid.as_str())), "every event names its channel");
         for e in &events {
             if e.event.kind.starts_with("notification.") {
-                let to = e.event.member.as_ref().expect("a notification carries the member").user_id.clone();
+                // Membership notifications go to the member, mark_read to the reader.
+                let to = match &e.event.member {
+                    Some(m) => m.user_id.clone(),
+                    None => e.event.user.as_ref().expect("a notification names its user").id.clone(),
+                };
                 assert_eq!(e.audience, Audience { watchers_of: None, users: vec![to], webhooks: false }, "{}", e.event.kind);
             } else {
                 assert_eq!(e.audience, watchers_and_hooks(&cid), "{}", e.event.kind);
