@@ -59,16 +59,22 @@ def raw_channel(client: Stream, channel_id: str) -> dict:
     ).data
 
 
-def all_message_ids(ch) -> list[str]:
-    """Every message id of a channel, oldest first, paging backwards with id_lt."""
+def all_message_ids(ch, max_pages: int = 100) -> list[str]:
+    """Every message id of a channel, oldest first, paging backwards with id_lt.
+
+    Bounded: a server that ignored id_lt would return the same page for ever; that fails here
+    (a page repeating an id, or more than `max_pages` pages) instead of hanging the suite."""
     ids: list[str] = []
     id_lt = None
-    while True:
+    for _ in range(max_pages):
         page = ch.get_or_create(state=True, messages=MessagePaginationParams(limit=50, id_lt=id_lt)).data.messages
         if not page:
             return ids
-        ids = [m.id for m in page] + ids
+        new = [m.id for m in page]
+        assert not set(new) & set(ids), f"id_lt={id_lt} returned messages already seen: {new}"
+        ids = new + ids
         id_lt = page[0].id
+    raise AssertionError(f"more than {max_pages} pages of messages: paging does not end")
 
 
 def test_upserted_users_come_back_with_custom_fields_nested(client, uid):

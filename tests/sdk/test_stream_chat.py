@@ -30,16 +30,22 @@ def make_channel(client: StreamChat, uid, n_messages: int = 0):
     return ch, alice, agent, ids
 
 
-def all_message_ids(ch) -> list[str]:
-    """Every message id of a channel, oldest first, paging backwards with id_lt."""
+def all_message_ids(ch, max_pages: int = 100) -> list[str]:
+    """Every message id of a channel, oldest first, paging backwards with id_lt.
+
+    Bounded: a server that ignored id_lt would return the same page for ever; that fails here
+    (a page repeating an id, or more than `max_pages` pages) instead of hanging the suite."""
     ids: list[str] = []
     pagination: dict = {"limit": 50}
-    while True:
+    for _ in range(max_pages):
         page = ch.query(messages=pagination)["messages"]
         if not page:
             return ids
-        ids = [m["id"] for m in page] + ids
+        new = [m["id"] for m in page]
+        assert not set(new) & set(ids), f"{pagination} returned messages already seen: {new}"
+        ids = new + ids
         pagination = {"limit": 50, "id_lt": page[0]["id"]}
+    raise AssertionError(f"more than {max_pages} pages of messages: paging does not end")
 
 
 def is_rfc3339(value) -> bool:
