@@ -4,7 +4,7 @@
 //! - [`TestApp::spawn`] runs `offshoot::run` in-process on a runtime of its own (so a test's
 //!   runtime ending never cuts the server off mid-transaction) and waits for `GET /healthz`.
 //! - [`ServerProcess::start`] runs the real `offshoot` binary as a child process (the crash test
-//!   kills it with SIGKILL). Build it first: `cargo build -p offshoot`.
+//!   kills it with SIGKILL); [`binary_path`] builds it from the current sources first.
 //! - The backend comes from `OFFSHOOT_TEST_BACKEND` (`sqlite`, the default, or `postgres` with
 //!   `OFFSHOOT_TEST_PG_URL`); every [`TestDb`] is a new database, removed when the last server
 //!   using it is gone.
@@ -24,6 +24,9 @@ pub const API_SECRET: &str = "e2e-test-secret-7f3a9c0d2b1e4f6a8c5d";
 
 /// How long a test waits for something the server does in the background.
 pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The most pages a paging loop reads before it counts as endless.
+pub const MAX_PAGES: usize = 1000;
 
 // ---------------------------------------------------------------------------------------------
 // Databases
@@ -393,10 +396,14 @@ impl Client {
     }
 
     /// Every message of the channel's main list as the server sees it, oldest first.
+    ///
+    /// Bounded: a server that ignored `id_lt` would answer the same page for ever; a page that
+    /// repeats a message, or more than [`MAX_PAGES`] pages, fails the test instead of hanging it.
     pub async fn all_messages(&self, cid: &str) -> Vec<Value> {
         let mut out: Vec<Value> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         let mut before: Option<String> = None;
-        loop {
+        for _ in 0..MAX_PAGES {
             let mut page = json!({"limit": 300});
             if let Some(b) = &before {
                 page["id_lt"] = json!(b);
@@ -405,16 +412,20 @@ impl Client {
                 self.post(&format!("{}/query", channel_path(cid)), &self.server(), json!({"state": true, "messages": page})).await.ok();
             let msgs = st["messages"].as_array().expect("messages").clone();
             if msgs.is_empty() {
-                break;
+                return out;
+            }
+            for m in &msgs {
+                let id = m["id"].as_str().expect("id").to_string();
+                assert!(seen.insert(id.clone()), "paging {cid} with id_lt={before:?} returned {id} again");
             }
             before = Some(msgs[0]["id"].as_str().expect("id").to_string());
             let n = msgs.len();
             out.splice(0..0, msgs);
             if n < 300 {
-                break;
+                return out;
             }
         }
-        out
+        panic!("{cid} has more than {MAX_PAGES} pages of messages: paging does not end")
     }
 
     /// Sends `message` (a message object; `user_id` must be in it) server-side; returns the
@@ -614,6 +625,14 @@ impl TestApp {
     }
 }
 
+impl TestApp {
+    /// Starts the graceful shutdown (what SIGTERM does to the binary) without waiting for it;
+    /// dropping the app then waits for the server to stop.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+}
+
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.shutdown.cancel();
@@ -625,13 +644,38 @@ impl Drop for TestApp {
 // ---------------------------------------------------------------------------------------------
 // The real binary, as a child process
 
-/// The `offshoot` binary next to the test executable's directory (`target/debug/offshoot`).
+/// The `offshoot` binary next to the test executable's directory (`target/debug/offshoot`),
+/// built from the current sources by the first test that asks for it. `cargo test` alone does
+/// not rebuild a binary the test crate does not link, so a test that only checked the file
+/// existed could run an old build; `cargo build` is a no-op when the binary is current.
 pub fn binary_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|deps| deps.parent()).expect("target/debug");
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_binary).clone().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn build_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
+    let dir = exe.parent().and_then(|deps| deps.parent()).ok_or("the test executable is not in target/<profile>/deps")?;
+    let target_dir = dir.parent().ok_or("target/<profile> has no parent")?;
+    let profile = dir.file_name().and_then(|p| p.to_str()).ok_or("target/<profile>")?;
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(&cargo);
+    cmd.args(["build", "--quiet", "-p", "offshoot", "--manifest-path"]).arg(&manifest).arg("--target-dir").arg(target_dir);
+    if profile == "release" {
+        cmd.arg("--release");
+    } else if profile != "debug" {
+        cmd.args(["--profile", profile]);
+    }
+    let status = cmd.status().map_err(|e| format!("running {cargo} build -p offshoot: {e}"))?;
+    if !status.success() {
+        return Err(format!("`cargo build -p offshoot` failed ({status}): the process tests need the current binary"));
+    }
     let bin = dir.join("offshoot");
-    assert!(bin.exists(), "{} is missing: build it first with `cargo build -p offshoot`", bin.display());
-    bin
+    if !bin.exists() {
+        return Err(format!("{} is missing after `cargo build -p offshoot`", bin.display()));
+    }
+    Ok(bin)
 }
 
 pub struct ServerProcess {

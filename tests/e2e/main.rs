@@ -2,10 +2,10 @@
 //! `127.0.0.1:0`, or the `offshoot` binary for the crash test), a fresh database per test, driven
 //! over HTTP like a Stream client.
 //!
-//! Run it on both backends (the crash test needs the binary, so build it first):
+//! Run it on both backends (the process tests build the `offshoot` binary themselves, so they
+//! never run an old one):
 //!
 //! ```text
-//! cargo build -p offshoot
 //! OFFSHOOT_TEST_BACKEND=sqlite   cargo test -p offshoot-tests --test e2e
 //! OFFSHOOT_TEST_BACKEND=postgres cargo test -p offshoot-tests --test e2e   # OFFSHOOT_TEST_PG_URL
 //! ```
@@ -13,6 +13,7 @@
 mod helpers;
 
 mod auth;
+mod authz;
 mod chat;
 mod concurrency;
 mod dialects;

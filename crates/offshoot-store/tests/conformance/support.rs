@@ -60,6 +60,8 @@ enum Cleanup {
     Postgres { admin_url: String, name: String },
 }
 
+static PG_CREATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl TestDb {
     pub async fn new() -> TestDb {
         let id = uuid::Uuid::new_v4().simple().to_string();
@@ -71,10 +73,25 @@ impl TestDb {
             TestBackend::Postgres => {
                 let admin_url = pg_admin_url();
                 let name = format!("offshoot_s_{id}");
+                // `CREATE DATABASE` copies `template1` and fails while another session uses it
+                // ("source database is being accessed by other users"): the tests of this
+                // process create their databases one at a time, and a creation racing another
+                // process (the e2e suite, a second run) is tried again a bounded number of times.
+                let _one_at_a_time = PG_CREATE.lock().await;
                 let mut conn = sqlx::PgConnection::connect(&admin_url)
                     .await
                     .unwrap_or_else(|e| panic!("cannot connect to PostgreSQL at {admin_url} (OFFSHOOT_TEST_PG_URL): {e}"));
-                sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.expect("create the test database");
+                let mut attempt = 0;
+                loop {
+                    match sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await {
+                        Ok(_) => break,
+                        Err(e) if attempt < 50 && e.to_string().contains("being accessed by other users") => {
+                            attempt += 1;
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                        Err(e) => panic!("CREATE DATABASE {name}: {e}"),
+                    }
+                }
                 // A throw-away database needs no durability: commits need not wait for the WAL
                 // flush. Nothing a test can observe changes, only the time the suite takes.
                 sqlx::raw_sql(AssertSqlSafe(format!("ALTER DATABASE {name} SET synchronous_commit = off")))
@@ -131,6 +148,48 @@ where
         }
         panic!("the test body was cancelled: {e}");
     }
+}
+
+// ---- races ----------------------------------------------------------------------------------
+
+/// Runs `contender(store, i)` for `i` in `0..n` at the same moment, each on a store of its own
+/// (its own connection pool, and on SQLite its own in-process write lock, as separate processes
+/// would have) on the database at `url`: the contenders meet only in the database, so the test
+/// exercises the database's locks and constraints, not the store's in-process serialisation.
+/// Every store connects (and answers a ping) before a barrier releases all contenders at once.
+/// Returns the results in contender order.
+pub async fn race<T, F, Fut>(url: &str, n: usize, contender: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(Store, usize) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let mut stores = Vec::with_capacity(n);
+    for _ in 0..n {
+        let s = Store::connect(url).await.expect("connect a contender's store");
+        s.ping().await.expect("ping");
+        stores.push(s);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (barrier, work) = (barrier.clone(), contender(s.clone(), i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                work.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(t.await.expect("a contender panicked"));
+    }
+    for s in stores {
+        s.close().await;
+    }
+    out
 }
 
 // ---- builders -------------------------------------------------------------------------------
