@@ -155,11 +155,12 @@ async fn a_watching_client_receives_message_new_when_a_message_is_sent_server_si
 }
 
 #[tokio::test]
-async fn a_client_that_does_not_watch_the_channel_does_not_receive_its_messages() {
+async fn a_member_that_does_not_watch_the_channel_does_not_receive_its_messages() {
     let app = TestApp::spawn().await;
     app.users(&["alice", "bob"]).await;
     let (quiet, loud) = ("agent:wsquiet", "agent:wsloud");
-    app.channel(quiet, "bob", &["bob"]).await;
+    // Alice is a member of both channels: only watching tells them apart.
+    app.channel(quiet, "bob", &["alice", "bob"]).await;
     app.channel(loud, "bob", &["alice", "bob"]).await;
     let (mut ws, conn) = connect_user(&app, "alice").await;
     watch(&app, loud, "alice", &conn).await;
@@ -388,4 +389,228 @@ async fn with_api_and_ws_in_separate_servers_a_watch_made_through_the_api_reache
             break;
         }
     }
+}
+
+// --- whose connection ---------------------------------------------------------------------------
+
+/// The first `message.new` of `ws` is `expected`: events reach a connection in outbox order,
+/// so anything sent before the marker would have come first.
+async fn next_message_is(ws: &mut Ws, expected: &str, why: &str) {
+    let ev = next_event(ws, "message.new").await;
+    assert_eq!(ev["message_id"], json!(expected), "{why}: {ev}");
+}
+
+async fn someone_elses_connection_cannot_be_watched_or_unwatched(api: &TestApp, ws_server: &TestApp, tag: &str) {
+    api.users(&["alice", "mallory", "bob"]).await;
+    let (theirs, shared, marker) = (format!("agent:{tag}-m"), format!("agent:{tag}-s"), format!("agent:{tag}-k"));
+    api.channel(&theirs, "mallory", &["mallory"]).await;
+    api.channel(&shared, "bob", &["alice", "mallory", "bob"]).await;
+    api.channel(&marker, "bob", &["alice", "bob"]).await;
+    let (mut alice, conn) = connect_user(ws_server, "alice").await;
+    watch(api, &shared, "alice", &conn).await;
+    watch(api, &marker, "alice", &conn).await;
+
+    // Mallory subscribes alice's connection to a channel of hers, and unsubscribes it from one
+    // alice watches: both are answered (a connection id is not a secret the server can prove
+    // ownership of across processes) and both change nothing.
+    watch(api, &theirs, "mallory", &conn).await;
+    api.post(&format!("{}/stop-watching?connection_id={conn}", channel_path(&shared)), &api.user("mallory"), json!({})).await.ok();
+
+    let leaked = api.say(&theirs, "mallory", "for mallory's channel only").await;
+    let kept = api.say(&shared, "bob", "alice still watches this").await;
+    next_message_is(&mut alice, &kept, "mallory's channel is not pushed to alice, and alice still watches the shared one").await;
+    let _ = leaked;
+
+    // Alice herself can stop watching with her connection.
+    api.post(&format!("{}/stop-watching?connection_id={conn}", channel_path(&shared)), &api.user("alice"), json!({})).await.ok();
+    api.say(&shared, "bob", "not for alice any more").await;
+    let m = api.say(&marker, "bob", "marker").await;
+    next_message_is(&mut alice, &m, "after her own stop-watching").await;
+}
+
+#[tokio::test]
+async fn a_user_cannot_watch_or_stop_watching_with_another_users_connection() {
+    let app = TestApp::spawn().await;
+    someone_elses_connection_cannot_be_watched_or_unwatched(&app, &app, "own").await;
+}
+
+#[tokio::test]
+async fn a_user_cannot_watch_or_stop_watching_with_another_users_connection_held_by_another_server() {
+    let ws_server = TestApp::spawn_with(|c| c.roles = offshoot::Roles { api: false, ws: true, worker: false }).await;
+    let api = TestApp::spawn_on(ws_server.db.clone(), |c| c.roles = offshoot::Roles { api: true, ws: false, worker: true }).await;
+    someone_elses_connection_cannot_be_watched_or_unwatched(&api, &ws_server, "split").await;
+}
+
+#[tokio::test]
+async fn stop_watching_a_channel_one_may_not_read_is_refused_with_code_17() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice", "bob"]).await;
+    app.channel("agent:wsnotyours", "bob", &["bob"]).await;
+    let (_ws, conn) = connect_user(&app, "alice").await;
+    app.post(&format!("/channels/agent/wsnotyours/stop-watching?connection_id={conn}"), &app.user("alice"), json!({})).await.err(403, 17);
+    app.post("/channels/agent/no-such-channel/stop-watching", &app.user("alice"), json!({})).await.err(404, 16);
+}
+
+// --- reconnecting, shutdown, slow and oversized ---------------------------------------------------
+
+#[tokio::test]
+async fn a_client_that_reconnects_gets_a_new_connection_and_recovers_what_it_missed_by_querying_again() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice", "bob"]).await;
+    let cid = "agent:wsback";
+    app.channel(cid, "bob", &["alice", "bob"]).await;
+    let (mut first, conn1) = connect_user(&app, "alice").await;
+    watch(&app, cid, "alice", &conn1).await;
+    let before = app.say(cid, "bob", "before the drop").await;
+    next_message_is(&mut first, &before, "the first connection works").await;
+    first.close(None).await.expect("close");
+    let _ = tokio::time::timeout(FRAME_WAIT, async { while let Some(Ok(_)) = first.next().await {} }).await;
+
+    // While alice is away.
+    let missed: Vec<String> = [app.say(cid, "bob", "missed 1").await, app.say(cid, "bob", "missed 2").await].to_vec();
+
+    let (mut second, conn2) = connect_user(&app, "alice").await;
+    assert_ne!(conn1, conn2, "a reconnect is a new connection");
+    // The old connection id is gone: watching with it is a no-op, not an error or a leak.
+    watch(&app, cid, "alice", &conn1).await;
+    // What JS does after a reconnect: query its channels again, with watch.
+    let state = watch(&app, cid, "alice", &conn2).await;
+    let got = ids(&state["messages"]);
+    assert_eq!(got, [vec![before.clone()], missed.clone()].concat(), "the re-query returns what was missed: {state}");
+    let live = app.say(cid, "bob", "after the reconnect").await;
+    let ev = next_event(&mut second, "message.new").await;
+    assert_eq!(ev["message_id"], json!(live), "live events resume on the new connection, and none is replayed: {ev}");
+    assert_eq!(ev["watcher_count"], json!(1), "{ev}");
+}
+
+#[tokio::test]
+async fn at_server_shutdown_every_connection_is_closed_with_1001_going_away() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice", "bob"]).await;
+    let (mut a, _) = connect_user(&app, "alice").await;
+    let url = format!("{}/api/v2/connect?api_key={}&stream-auth-type=jwt", ws_base(&app), app.api_key);
+    let (mut b, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("handshake");
+    b.send(Message::text(json!({"token": app.user("bob"), "user_details": {"id": "bob"}}).to_string())).await.expect("auth frame");
+    assert_eq!(next_json(&mut b).await["type"], json!("connection.ok"));
+
+    app.begin_shutdown();
+    for (who, ws) in [("legacy", &mut a), ("v2", &mut b)] {
+        let deadline = Instant::now() + FRAME_WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, ws.next()).await.unwrap_or_else(|_| panic!("{who}: no close frame at shutdown")) {
+                Some(Ok(Message::Close(Some(f)))) => {
+                    assert_eq!(u16::from(f.code), 1001, "{who}: going away, so clients reconnect elsewhere: {f:?}");
+                    break;
+                }
+                Some(Ok(Message::Text(_) | Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("{who}: expected a close frame with 1001, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// A socket whose receive buffer is tiny, so a client that stops reading fills it at once.
+async fn connect_slow(app: &TestApp, user: &str) -> (Ws, String) {
+    let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().expect("addr");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(2048).expect("SO_RCVBUF");
+    let stream = socket.connect(addr).await.expect("connect");
+    let json_param = json!({"user_id": user, "user_details": {"id": user}}).to_string();
+    let token = app.user(user);
+    let url = reqwest::Url::parse_with_params(
+        &format!("{}/connect", ws_base(app)),
+        &[("json", json_param.as_str()), ("api_key", app.api_key.as_str()), ("authorization", token.as_str()), ("stream-auth-type", "jwt")],
+    )
+    .expect("url");
+    let (mut ws, _) = tokio_tungstenite::client_async(url.as_str(), MaybeTlsStream::Plain(stream)).await.expect("handshake");
+    let first = next_json(&mut ws).await;
+    (ws, first["connection_id"].as_str().expect("connection_id").to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_dropped_and_the_other_watchers_get_every_event() {
+    let app = TestApp::spawn().await;
+    app.users(&["slow", "fast", "bob"]).await;
+    let cid = "agent:wsslow";
+    app.channel(cid, "bob", &["slow", "fast", "bob"]).await;
+    let (mut slow, slow_conn) = connect_slow(&app, "slow").await;
+    let (mut fast, fast_conn) = connect_user(&app, "fast").await;
+    watch(&app, cid, "slow", &slow_conn).await;
+    watch(&app, cid, "fast", &fast_conn).await;
+
+    // Batches of messages with text enough to fill the kernel's buffers, then more than a
+    // connection may have queued (1024), until a marker shows the slow watcher gone. The fast
+    // watcher reads everything after each batch (a batch is well under its own queue).
+    let filler = "x".repeat(4000);
+    let (batch, max_batches) = (200, 40);
+    let (mut sent, mut got) = (Vec::new(), Vec::new());
+    let mut dropped_after = None;
+    for b in 0..max_batches {
+        let messages: Vec<Value> =
+            (0..batch).map(|i| json!({"id": format!("slow-{b:03}-{i:03}"), "text": format!("{i} {filler}"), "user_id": "bob"})).collect();
+        sent.extend(messages.iter().map(|m| m["id"].as_str().expect("id").to_string()));
+        // One at a time, so the outbox order is the order they are listed in.
+        app.send_many(cid, messages, 1).await;
+        let marker = app.say(cid, "bob", &format!("marker {b}")).await;
+        let count = loop {
+            let ev = next_event(&mut fast, "message.new").await;
+            if ev["message_id"] == json!(marker) {
+                break ev["watcher_count"].clone();
+            }
+            got.push(ev["message_id"].as_str().expect("message_id").to_string());
+        };
+        if count == json!(1) {
+            dropped_after = Some(sent.len());
+            break;
+        }
+        assert_eq!(count, json!(2), "{b}");
+    }
+    let n = dropped_after.unwrap_or_else(|| panic!("the slow watcher was still there after {} messages", sent.len()));
+    assert_eq!(got, sent, "the fast watcher got every event, in order, while the slow one fell behind");
+
+    // Reading now, the slow client finds its socket ends (1013 "try again", or the server gave
+    // up writing) before it has all the events.
+    let mut delivered = 0;
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match slow.next().await {
+                Some(Ok(Message::Text(t))) if t.as_str().contains("\"message.new\"") => delivered += 1,
+                Some(Ok(Message::Close(Some(f)))) => {
+                    assert_eq!(u16::from(f.code), 1013, "a dropped client is told to try again: {f:?}");
+                    return;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the slow client's socket was not closed");
+    assert!(delivered < n, "the slow client cannot have received every event ({delivered})");
+}
+
+#[tokio::test]
+async fn a_frame_over_64_kib_closes_the_connection_and_the_server_keeps_serving() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice"]).await;
+    let (mut ws, conn) = connect_user(&app, "alice").await;
+    // Just under the limit: a (padded) heartbeat is answered.
+    let padded = |len: usize| {
+        let head = json!([{"type": "health.check", "client_id": "alice--1", "pad": ""}]).to_string();
+        head.replace("\"pad\":\"\"", &format!("\"pad\":\"{}\"", "p".repeat(len - head.len())))
+    };
+    ws.send(Message::text(padded(60 * 1024))).await.expect("send");
+    assert_eq!(next_event(&mut ws, "health.check").await["connection_id"], json!(conn));
+
+    ws.send(Message::text(padded(64 * 1024 + 1))).await.expect("send");
+    let deadline = Instant::now() + FRAME_WAIT;
+    let closed_with = loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await.expect("the server closes the connection") {
+            Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break None,
+        }
+    };
+    assert_eq!(closed_with, Some(1009), "message too big");
+    let (_again, _) = connect_user(&app, "alice").await;
 }

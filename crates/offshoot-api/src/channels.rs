@@ -257,19 +257,24 @@ async fn watch_if_asked(st: &ApiState, ctx: &Ctx, body: &Obj, cid: &str) -> Resu
     if bool_opt(body, "watch")?.unwrap_or(false) || bool_opt(body, "presence")?.unwrap_or(false) {
         let conn = ctx.q("connection_id").map(str::to_string).or(str_opt(body, "connection_id")?);
         if let Some(conn) = conn {
-            if !st.watchers.watch(&conn, cid) {
+            // Only the caller's own connections (any, server-side); the ws role checks.
+            let owner = ctx.viewer.user_id();
+            if !st.watchers.watch(&conn, owner, cid) {
                 // The connection lives in another process (the ws role): tell it through the
                 // outbox, ahead of every event that follows.
-                relay_watch(st, WATCH_EVENT, &conn, cid).await?;
+                relay_watch(st, WATCH_EVENT, &conn, owner, cid).await?;
             }
         }
     }
     Ok(())
 }
 
-async fn relay_watch(st: &ApiState, kind: &str, connection_id: &str, cid: &str) -> Result<(), Error> {
+async fn relay_watch(st: &ApiState, kind: &str, connection_id: &str, owner: Option<&str>, cid: &str) -> Result<(), Error> {
     let mut extra = Map::new();
     extra.insert("connection_id".into(), connection_id.into());
+    if let Some(owner) = owner {
+        extra.insert("user_id".into(), owner.into());
+    }
     let event = Event { kind: kind.into(), cid: Some(cid.to_string()), extra, created_at: time::now(), ..Default::default() };
     st.store.publish(event, Audience::default()).await?;
     Ok(())
@@ -277,9 +282,13 @@ async fn relay_watch(st: &ApiState, kind: &str, connection_id: &str, cid: &str) 
 
 pub async fn stop_watching(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
     let cid = path.cid;
+    // As for watching: the channel must exist and the caller must be allowed to read it.
+    load(&st, &cid).await?;
+    require_read(&st, &ctx.viewer, &cid).await?;
     if let Some(conn) = ctx.q("connection_id").map(str::to_string).or(str_opt(&body, "connection_id")?) {
-        if !st.watchers.unwatch(&conn, &cid) {
-            relay_watch(&st, UNWATCH_EVENT, &conn, &cid).await?;
+        let owner = ctx.viewer.user_id();
+        if !st.watchers.unwatch(&conn, owner, &cid) {
+            relay_watch(&st, UNWATCH_EVENT, &conn, owner, &cid).await?;
         }
     }
     Ok(ctx.ok(json!({})))

@@ -353,16 +353,21 @@ pub struct Task {
 /// The WebSocket role's registry of watched channels, as the API needs it (a channel query
 /// with `watch: true` and a `connection_id` subscribes that connection). Implemented by
 /// `offshoot-ws`; the API holds it as a trait object so it does not depend on the ws crate.
+///
+/// `owner` is the user the request acts for: a user may only (un)subscribe connections of
+/// their own, and a connection of another user is left as it is. `None` (a server-side request)
+/// may act on any connection.
 pub trait Watchers: Send + Sync {
     /// Subscribes `connection_id` to `cid`. False when this process holds no such connection.
-    fn watch(&self, connection_id: &str, cid: &str) -> bool;
+    fn watch(&self, connection_id: &str, owner: Option<&str>, cid: &str) -> bool;
     /// Unsubscribes; false when this process holds no such connection.
-    fn unwatch(&self, connection_id: &str, cid: &str) -> bool;
+    fn unwatch(&self, connection_id: &str, owner: Option<&str>, cid: &str) -> bool;
     fn watcher_count(&self, cid: &str) -> usize;
 }
 
 /// Outbox events that carry watch registrations to the WebSocket role when it runs in another
-/// process (`extra.connection_id`, `cid`). They are never delivered to clients or webhooks.
+/// process (`extra.connection_id`, `cid`, and `extra.user_id` when a user asked: the owner the
+/// connection must have). They are never delivered to clients or webhooks.
 pub const WATCH_EVENT: &str = "offshoot.watch";
 pub const UNWATCH_EVENT: &str = "offshoot.unwatch";
 
@@ -370,10 +375,10 @@ pub const UNWATCH_EVENT: &str = "offshoot.unwatch";
 pub struct NoWatchers;
 
 impl Watchers for NoWatchers {
-    fn watch(&self, _: &str, _: &str) -> bool {
+    fn watch(&self, _: &str, _: Option<&str>, _: &str) -> bool {
         false
     }
-    fn unwatch(&self, _: &str, _: &str) -> bool {
+    fn unwatch(&self, _: &str, _: Option<&str>, _: &str) -> bool {
         false
     }
     fn watcher_count(&self, _: &str) -> usize {

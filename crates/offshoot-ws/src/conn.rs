@@ -34,6 +34,7 @@ const MAX_INCOMING: usize = 64 * 1024;
 const CLOSE_REJECTED: u16 = 1000;
 const CLOSE_GOING_AWAY: u16 = 1001;
 const CLOSE_TRY_AGAIN: u16 = 1013;
+const CLOSE_TOO_BIG: u16 = 1009;
 
 type Sink = SplitSink<WebSocket, Message>;
 type Source = SplitStream<WebSocket>;
@@ -197,6 +198,8 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, 
                             break None;
                         }
                     }
+                    // A frame over MAX_INCOMING: "message too big", as RFC 6455 names it.
+                    Some(Err(e)) if is_too_big(&e) => break Some((CLOSE_TOO_BIG, "frame too large")),
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
                     Some(Ok(_)) => {}
                 },
@@ -212,6 +215,13 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, 
         }
     }
     tracing::debug!(connection_id = %conn_id, "websocket closed");
+}
+
+/// Whether a read failed because the client's frame or message exceeded [`MAX_INCOMING`]. axum
+/// does not expose tungstenite's error type; its capacity error names the limit.
+fn is_too_big(e: &axum::Error) -> bool {
+    let text = e.to_string();
+    text.contains("Message too long") || text.contains("Space limit exceeded")
 }
 
 /// A client heartbeat: `[{"type":"health.check",…}]` (JS) or a bare object.

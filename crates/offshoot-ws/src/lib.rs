@@ -164,11 +164,12 @@ impl Hub {
         // Watches registered by an API process that does not hold the connection.
         if ev.event.kind == WATCH_EVENT || ev.event.kind == UNWATCH_EVENT {
             let conn = ev.event.extra.get("connection_id").and_then(|v| v.as_str());
+            let owner = ev.event.extra.get("user_id").and_then(|v| v.as_str());
             if let (Some(conn), Some(cid)) = (conn, ev.event.cid.as_deref()) {
                 if ev.event.kind == WATCH_EVENT {
-                    self.watch(conn, cid);
+                    self.watch(conn, owner, cid);
                 } else {
-                    self.unwatch(conn, cid);
+                    self.unwatch(conn, owner, cid);
                 }
             }
             return;
@@ -242,19 +243,27 @@ impl Hub {
 }
 
 impl Watchers for Hub {
-    fn watch(&self, connection_id: &str, cid: &str) -> bool {
+    fn watch(&self, connection_id: &str, owner: Option<&str>, cid: &str) -> bool {
         let mut reg = self.write();
         let Some(conn) = reg.conns.get_mut(connection_id) else {
             return false;
         };
+        if owner.is_some_and(|o| o != conn.user_id) {
+            tracing::warn!(connection_id, user_id = owner, "refused to watch another user's connection");
+            return true;
+        }
         conn.watching.insert(cid.to_string());
         reg.watchers.entry(cid.to_string()).or_default().insert(connection_id.to_string());
         true
     }
 
-    fn unwatch(&self, connection_id: &str, cid: &str) -> bool {
+    fn unwatch(&self, connection_id: &str, owner: Option<&str>, cid: &str) -> bool {
         let mut reg = self.write();
         let local = match reg.conns.get_mut(connection_id) {
+            Some(conn) if owner.is_some_and(|o| o != conn.user_id) => {
+                tracing::warn!(connection_id, user_id = owner, "refused to stop another user's connection watching");
+                return true;
+            }
             Some(conn) => {
                 conn.watching.remove(cid);
                 true
@@ -357,8 +366,8 @@ mod tests {
         let (mut a, _) = conn(&hub, "a", "alice", 8);
         let (mut b, _) = conn(&hub, "b", "bob", 8);
         let (mut c, _) = conn(&hub, "c", "carol", 8);
-        assert!(hub.watch("a", "agent:c1"));
-        assert!(!hub.watch("nope", "agent:c1"));
+        assert!(hub.watch("a", Some("alice"), "agent:c1"));
+        assert!(!hub.watch("nope", None, "agent:c1"));
         let audience = Audience { watchers_of: Some("agent:c1".into()), users: vec!["alice".into(), "bob".into()], webhooks: false };
         hub.dispatch(&outbox(message_event("alice", false, &[]), audience));
         let text = a.try_recv().unwrap();
@@ -375,8 +384,8 @@ mod tests {
         let (hub, _dir) = hub().await;
         let (_slow, kick) = conn(&hub, "slow", "alice", 1);
         let (mut fast, _) = conn(&hub, "fast", "bob", 8);
-        hub.watch("slow", "agent:c1");
-        hub.watch("fast", "agent:c1");
+        hub.watch("slow", None, "agent:c1");
+        hub.watch("fast", None, "agent:c1");
         let audience = Audience { watchers_of: Some("agent:c1".into()), ..Default::default() };
         for _ in 0..3 {
             hub.dispatch(&outbox(message_event("bob", false, &[]), audience.clone()));
@@ -387,6 +396,19 @@ mod tests {
         for _ in 0..3 {
             assert!(fast.try_recv().is_ok());
         }
+    }
+
+    #[tokio::test]
+    async fn a_user_cannot_watch_or_unwatch_with_another_users_connection() {
+        let (hub, _dir) = hub().await;
+        let (_a, _) = conn(&hub, "a", "alice", 8);
+        assert!(hub.watch("a", Some("mallory"), "agent:c1"), "the connection is here: nothing to relay");
+        assert_eq!(hub.watcher_count("agent:c1"), 0, "mallory cannot subscribe alice's connection");
+        assert!(hub.watch("a", Some("alice"), "agent:c1"));
+        assert!(hub.unwatch("a", Some("mallory"), "agent:c1"));
+        assert_eq!(hub.watcher_count("agent:c1"), 1, "mallory cannot unsubscribe alice's connection");
+        assert!(hub.unwatch("a", None, "agent:c1"), "server-side requests may");
+        assert_eq!(hub.watcher_count("agent:c1"), 0);
     }
 
     /// A throw-away SQLite file for unit tests (removed on drop).
