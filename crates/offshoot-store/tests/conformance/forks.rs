@@ -2,7 +2,7 @@
 //! lookup, the limits and every refusal and failure the fork document names.
 
 use crate::support::{
-    agent_channel, assert_kind, channel_of, events_since, ids_seen_by, kinds, member, msg, msg_at, reply_at, seed, user, with_store,
+    agent_channel, assert_kind, channel_of, events_since, ids_seen_by, kinds, member, msg, msg_at, race, reply_at, seed, user, with_store,
     BASE_TS, MS,
 };
 use offshoot_core::fork::{BACKFILL_PAGE, FAILED_ID_TAKEN, FAILED_TOO_LARGE, MAX_COPIED, MAX_FORKS};
@@ -608,33 +608,41 @@ async fn a_source_with_more_than_100_members_must_name_the_forks_members() {
     .await;
 }
 
+/// Guarded on PostgreSQL by the source channel's row lock and, independently, by the target's
+/// primary key with `create_fork` looking again after the conflict (either one suffices; with
+/// both removed the loser fails), on SQLite by `BEGIN IMMEDIATE`. Two stores on separate
+/// pools, released by a barrier, for several rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_identical_fork_requests_racing_create_one_fork() {
     with_store(|ctx| async move {
         let s = ctx.store.clone();
         let src = agent_channel(&s, "race", &["amy"]).await;
         let ids = seed(&s, &src.cid, "amy", "m", 5, BASE_TS).await;
-        let req = request(&src.cid, &ids[4], "racef");
-        let (a, b) = tokio::join!(
-            tokio::spawn({
-                let (s, req) = (s.clone(), req.clone());
-                async move { s.create_fork(&req).await }
-            }),
-            tokio::spawn({
-                let (s, req) = (s.clone(), req.clone());
-                async move { s.create_fork(&req).await }
+        let rounds = 6;
+        for round in 0..rounds {
+            let req = request(&src.cid, &ids[4], &format!("racef{round}"));
+            let results = race(&ctx.url, 2, |store, _| {
+                let req = req.clone();
+                async move { store.create_fork(&req).await }
             })
-        );
-        let a = a.expect("join").expect("first request");
-        let b = b.expect("join").expect("second request");
-        assert_eq!([a.created, b.created].iter().filter(|c| **c).count(), 1, "exactly one request creates the fork");
-        assert_eq!(a.fork, b.fork);
-        assert_eq!(a.message_id_map, b.message_id_map);
-        assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("forks").len(), 1);
+            .await;
+            let [a, b]: [ForkOutcome; 2] = results
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|e| panic!("round {round}: both requests succeed: {e:?}")))
+                .collect::<Vec<_>>()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!());
+            assert_eq!([a.created, b.created].iter().filter(|c| **c).count(), 1, "round {round}: exactly one request creates the fork");
+            assert_eq!(a.fork, b.fork);
+            assert_eq!(a.message_id_map, b.message_id_map);
+        }
+        assert_eq!(s.list_forks(&src.cid, 10, 0).await.expect("forks").len(), rounds);
     })
     .await;
 }
 
+/// Guarded on PostgreSQL by the fork row's lock (`FOR UPDATE` in `backfill_step`), on SQLite by
+/// `BEGIN IMMEDIATE`. Two workers on separate pools (two processes), released by a barrier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_backfilling_one_fork_copy_each_message_once() {
     with_store(|ctx| async move {
@@ -642,10 +650,8 @@ async fn two_workers_backfilling_one_fork_copy_each_message_once() {
         let src = agent_channel(&s, "twice", &[]).await;
         let ids = seed(&s, &src.cid, "amy", "m", 260, BASE_TS).await;
         fork(&s, &src.cid, &ids[259], "twicef").await;
-        let worker = |s: Store| async move { backfill_to_end(&s, "agent:twicef", 15).await };
-        let (a, b) = tokio::join!(tokio::spawn(worker(s.clone())), tokio::spawn(worker(s.clone())));
-        a.expect("first worker");
-        b.expect("second worker");
+        let steps = race(&ctx.url, 2, |store, _| async move { backfill_to_end(&store, "agent:twicef", 15).await }).await;
+        assert!(steps.iter().sum::<usize>() >= 1, "the workers copied pages: {steps:?}");
         let f = summary(&s, "agent:twicef").await;
         assert_eq!(f.status, ForkStatus::Completed);
         assert_eq!((f.copied_message_count, f.total_message_count), (260, Some(260)));

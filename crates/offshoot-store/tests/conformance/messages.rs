@@ -2,7 +2,8 @@
 //! threads, truncation and rewind.
 
 use crate::support::{
-    agent_channel, assert_kind, events_since, ids_seen_by, kinds, msg, msg_at, reply, reply_at, seed, user, viewer, with_store, BASE_TS, MS,
+    agent_channel, assert_kind, events_since, ids_seen_by, kinds, msg, msg_at, race, reply, reply_at, seed, user, viewer, with_store,
+    BASE_TS, MS,
 };
 use offshoot_core::model::{Message, NewMessage, Reaction, Viewer};
 use offshoot_core::{Error, ErrorKind};
@@ -535,25 +536,33 @@ async fn a_rewind_with_a_stale_expected_last_message_is_a_rewind_conflict() {
     .await;
 }
 
+/// Guarded by the primary key and by mapping its violation to a client error (PostgreSQL: the
+/// loser passed the existence check before the winner committed), and on SQLite by `BEGIN
+/// IMMEDIATE` (a deferred transaction that read before the winner wrote cannot write at all).
+/// Two stores on separate pools, released by a barrier, for several rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_sends_of_one_message_id_store_one_message() {
     with_store(|ctx| async move {
         let s = ctx.store.clone();
         let ch = agent_channel(&s, "race", &[]).await;
-        let send = |text: &'static str| {
-            let (s, cid) = (s.clone(), ch.cid.clone());
-            tokio::spawn(async move { s.send_message(&cid, &msg("same", text), &user("amy")).await })
-        };
-        let (a, b) = tokio::join!(send("a"), send("b"));
-        let results = [a.expect("join"), b.expect("join")];
-        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "one send wins");
-        for r in results {
-            if let Err(e) = r {
-                assert_eq!(offshoot_core::Error::from(e).kind, ErrorKind::Input, "the loser gets a client error");
+        let rounds = 8;
+        for round in 0..rounds {
+            let id = format!("same{round}");
+            let results = race(&ctx.url, 2, |store, i| {
+                let (cid, id) = (ch.cid.clone(), id.clone());
+                async move { store.send_message(&cid, &msg(&id, &format!("contender {i}")), &user("amy")).await }
+            })
+            .await;
+            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "round {round}: one send wins: {results:?}");
+            for r in results {
+                if let Err(e) = r {
+                    assert_eq!(offshoot_core::Error::from(e).kind, ErrorKind::Input, "round {round}: the loser gets a client error");
+                }
             }
         }
-        assert_eq!(ids_seen_by(&s, &ch.cid, &Viewer::Server).await, strings(&["same"]));
-        assert_eq!(s.get_channel(&ch.cid).await.expect("get").expect("exists").message_count, 1);
+        let expected: Vec<String> = (0..rounds).map(|r| format!("same{r}")).collect();
+        assert_eq!(ids_seen_by(&s, &ch.cid, &Viewer::Server).await, expected);
+        assert_eq!(s.get_channel(&ch.cid).await.expect("get").expect("exists").message_count, rounds as i64);
     })
     .await;
 }

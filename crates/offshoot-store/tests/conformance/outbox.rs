@@ -342,3 +342,92 @@ async fn pruning_deletes_only_old_events_every_cursor_passed_and_no_delivery_nee
     })
     .await;
 }
+
+/// On PostgreSQL an event's `seq` is drawn when its row is inserted, not when its transaction
+/// commits. Were two writers free to commit in any order, a consumer could read a later `seq`,
+/// move its cursor past it, and never see the earlier one that commits afterwards. The store
+/// serialises outbox writers until commit (an advisory lock) so that `seq` order is commit
+/// order. Here one writer is held inside its transaction after its event is numbered (a trigger
+/// waits on an advisory lock the test holds), a second writer on another pool publishes, and a
+/// consumer reading meanwhile must not see the second event without the first.
+///
+/// SQLite has a single writer: numbering order is commit order by construction, so there is
+/// nothing to race there and the test only runs on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_never_reads_past_an_event_that_commits_later_on_postgres() {
+    use sqlx::{Connection, PgConnection};
+    const GATE: i64 = 4_242_424;
+    with_store(|ctx| async move {
+        if ctx.store.backend() != offshoot_store::Backend::Postgres {
+            return;
+        }
+        let mut admin = PgConnection::connect(&ctx.url).await.expect("connect");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE FUNCTION test_hold_event() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.type = 'test.held' THEN PERFORM pg_advisory_xact_lock({GATE}); END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER test_hold_event AFTER INSERT ON event FOR EACH ROW EXECUTE FUNCTION test_hold_event();"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("install the holding trigger");
+        let mut gate = PgConnection::connect(&ctx.url).await.expect("connect");
+        sqlx::query("SELECT pg_advisory_lock($1)").bind(GATE).execute(&mut gate).await.expect("close the gate");
+
+        // Counts lock waits: on the gate, and on anything else.
+        async fn waiting(admin: &mut PgConnection, on_gate: bool) -> i64 {
+            let sql = if on_gate {
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'advisory' AND objid = $1"
+            } else {
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND NOT (locktype = 'advisory' AND objid = $1)"
+            };
+            sqlx::query_scalar(sql).bind(GATE).fetch_one(admin).await.expect("pg_locks")
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+
+        let reader = ctx.store.clone();
+        let start = reader.last_event_seq().await.expect("last seq");
+        let (held, free) = (Store::connect(&ctx.url).await.expect("connect"), Store::connect(&ctx.url).await.expect("connect"));
+        let first = tokio::spawn({
+            let held = held.clone();
+            async move { held.publish(custom_event("test.held", 1), watchers_and_hooks("agent:x")).await }
+        });
+        // The first writer has numbered its event and waits at the gate, its transaction open.
+        while waiting(&mut admin, true).await == 0 {
+            assert!(!first.is_finished(), "the first writer finished without meeting the gate: {:?}", first.await);
+            assert!(tokio::time::Instant::now() < deadline, "the first writer never reached the gate");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let second = tokio::spawn({
+            let free = free.clone();
+            async move { free.publish(custom_event("test.free", 2), watchers_and_hooks("agent:x")).await }
+        });
+        // The second writer either committed (nothing kept it out) or waits for a lock.
+        while !second.is_finished() && waiting(&mut admin, false).await == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the second writer neither finished nor waited");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // A consumer reads now and moves its cursor past what it read.
+        let read_early = events_since(&reader, start).await;
+        let cursor = read_early.last().map(|e| e.seq).unwrap_or(start);
+
+        sqlx::query("SELECT pg_advisory_unlock($1)").bind(GATE).execute(&mut gate).await.expect("open the gate");
+        first.await.expect("join").expect("the first publish");
+        second.await.expect("join").expect("the second publish");
+
+        let all = events_since(&reader, start).await;
+        assert_eq!(kinds(&all), strings(&["test.held", "test.free"]), "both events, in the order they were numbered");
+        assert!(
+            read_early.iter().all(|e| e.event.kind != "test.free"),
+            "the later event was visible while the earlier one was uncommitted: {:?}",
+            kinds(&read_early)
+        );
+        let read_late = events_since(&reader, cursor).await;
+        let mut consumed = kinds(&read_early);
+        consumed.extend(kinds(&read_late));
+        assert_eq!(consumed, kinds(&all), "a consumer following its cursor reads every event once, in order");
+        held.close().await;
+        free.close().await;
+    })
+    .await;
+}
