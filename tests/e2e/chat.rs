@@ -342,13 +342,11 @@ async fn a_client_cannot_set_created_at() {
     app.users(&["u1"]).await;
     app.channel("agent:clock", "u1", &["u1"]).await;
     let at = past_ns();
-    let r = app.post("/channels/agent/clock/message", &app.user("u1"), json!({"message": {"text": "x", "created_at": rfc3339(at)}})).await;
-    // Refused (the server's choice: 403, only server-side requests set it) or ignored.
-    if r.status == 200 {
-        assert_ne!(ts_of(&r.body["message"]["created_at"]), at, "a client-side created_at is ignored: {}", r.body);
-    } else {
-        r.err(403, 17);
-    }
+    // Only server-side requests may set it (an import); a client's is refused, not ignored.
+    app.post("/channels/agent/clock/message", &app.user("u1"), json!({"message": {"text": "x", "created_at": rfc3339(at)}}))
+        .await
+        .err(403, 17);
+    assert!(app.state("agent:clock", 10).await["messages"].as_array().expect("messages").is_empty(), "nothing was stored");
 }
 
 #[tokio::test]
@@ -616,12 +614,13 @@ async fn a_user_cannot_send_as_someone_else() {
     let app = TestApp::spawn().await;
     app.users(&["u1", "u2"]).await;
     app.channel("agent:imp", "u1", &["u1", "u2"]).await;
-    let r = app.post("/channels/agent/imp/message", &app.user("u1"), json!({"message": {"text": "x", "user_id": "u2"}})).await;
-    if r.status == 200 {
-        assert_eq!(r.body["message"]["user"]["id"], json!("u1"), "the token's user is the author: {}", r.body);
-    } else {
-        r.err(403, 17);
-    }
+    // Refused, not silently rewritten: the client asked for something it may not do.
+    app.post("/channels/agent/imp/message", &app.user("u1"), json!({"message": {"text": "x", "user_id": "u2"}})).await.err(403, 17);
+    app.post("/channels/agent/imp/message", &app.user("u1"), json!({"message": {"text": "x", "user": {"id": "u2"}}})).await.err(403, 17);
+    assert!(app.state("agent:imp", 10).await["messages"].as_array().expect("messages").is_empty(), "nothing was stored");
+    // Naming oneself is fine.
+    let r = app.post("/channels/agent/imp/message", &app.user("u1"), json!({"message": {"text": "x", "user_id": "u1"}})).await.ok();
+    assert_eq!(r["message"]["user"]["id"], json!("u1"), "{r}");
 }
 
 #[tokio::test]

@@ -144,8 +144,10 @@ test('deleteMessage soft-deletes, and a hard delete makes the message missing', 
 
   const state = await channel.query({ messages: { limit: 25 } });
   assert.ok(!state.messages.some((m) => m.id === b.id), 'the hard-deleted message is gone from the channel');
+  // A soft-deleted message stays in the channel, shown as type `deleted`.
   const softInState = state.messages.find((m) => m.id === a.id);
-  if (softInState) assert.equal(softInState.type, 'deleted');
+  assert.ok(softInState, `the soft-deleted message is still in the channel: ${state.messages.map((m) => m.id)}`);
+  assert.equal(softInState.type, 'deleted');
 });
 
 test('queryChannels filters by member and sorts', async () => {
