@@ -137,22 +137,48 @@ async fn a_delivery_answered_with_500_is_retried_with_the_same_webhook_id_and_a_
 async fn event_hooks_deliver_only_the_event_types_they_name() {
     let app = TestApp::spawn().await;
     let (url, mut rx) = receiver(false).await;
-    let hooks = json!([{"hook_type": "webhook", "enabled": true, "webhook_url": url, "event_types": ["message.new"]}]);
+    // A second hook without a filter, on a receiver of its own: the deliveries of an event to
+    // every URL are queued together, so once it has received an event, the filtered hook's
+    // delivery of that event was queued too, or never will be.
+    let (all_url, mut all_rx) = receiver(false).await;
+    let hooks = json!([
+        {"hook_type": "webhook", "enabled": true, "webhook_url": url, "event_types": ["message.new"]},
+        {"hook_type": "webhook", "enabled": true, "webhook_url": all_url, "event_types": []},
+    ]);
     app.patch("/app", &app.server(), json!({"event_hooks": hooks})).await.ok();
     app.users(&["u1"]).await;
     let cid = "agent:filtered";
     app.channel(cid, "u1", &["u1"]).await;
 
     let first = app.say(cid, "u1", "one").await;
-    let mut log = Vec::new();
-    next_hook(&mut rx, &mut log, "for the first message", is_message_new(&first)).await;
-    // A channel.created queued with or before the first message would have arrived by the time
-    // a message sent after it does.
     let second = app.say(cid, "u1", "two").await;
-    next_hook(&mut rx, &mut log, "for the second message", is_message_new(&second)).await;
 
+    // Deliveries run up to 32 at a time: they may arrive in any order, so wait for each.
+    let mut all_log = Vec::new();
+    for (what, pred) in [
+        ("channel.created", Box::new(|h: &Hook| h.body["type"] == json!("channel.created")) as Box<dyn Fn(&Hook) -> bool>),
+        ("the first message.new", Box::new(is_message_new(&first))),
+        ("the second message.new", Box::new(is_message_new(&second))),
+    ] {
+        if !all_log.iter().any(|h: &Hook| pred(h)) {
+            next_hook(&mut all_rx, &mut all_log, what, pred).await;
+        }
+    }
+    let mut log = Vec::new();
+    for m in [&first, &second] {
+        if !log.iter().any(|h: &Hook| is_message_new(m)(h)) {
+            next_hook(&mut rx, &mut log, "message.new on the filtered hook", is_message_new(m)).await;
+        }
+    }
+    // Everything was queued; a delivery of another type to the filtered hook, had it been
+    // queued, would be in flight now: deliveries to a loopback receiver take milliseconds.
+    let settle = Instant::now() + std::time::Duration::from_secs(2);
+    while let Ok(Some(h)) = tokio::time::timeout_at(settle, rx.recv()).await {
+        log.push(h);
+    }
     let types: Vec<&Value> = log.iter().map(|h| &h.body["type"]).collect();
-    assert!(types.iter().all(|t| **t == json!("message.new")), "only message.new is delivered: {types:?}");
+    assert!(types.iter().all(|t| **t == json!("message.new")), "only message.new is delivered to the filtered hook: {types:?}");
+    assert_eq!(types.len(), 2, "each message once: {types:?}");
 }
 
 #[tokio::test]
