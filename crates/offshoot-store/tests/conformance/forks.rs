@@ -641,8 +641,8 @@ async fn two_identical_fork_requests_racing_create_one_fork() {
     .await;
 }
 
-/// Guarded on PostgreSQL by the fork row's lock (`FOR UPDATE` in `backfill_step`), on SQLite by
-/// `BEGIN IMMEDIATE`. Two workers on separate pools (two processes), released by a barrier.
+/// Guarded on PostgreSQL by the locks `backfill_step` takes (the fork's channel row, then the
+/// fork row), on SQLite by `BEGIN IMMEDIATE`. Two workers on separate pools (two processes), released by a barrier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_backfilling_one_fork_copy_each_message_once() {
     with_store(|ctx| async move {

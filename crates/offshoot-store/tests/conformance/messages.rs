@@ -536,8 +536,9 @@ async fn a_rewind_with_a_stale_expected_last_message_is_a_rewind_conflict() {
     .await;
 }
 
-/// Guarded by the primary key and by mapping its violation to a client error (PostgreSQL: the
-/// loser passed the existence check before the winner committed), and on SQLite by `BEGIN
+/// Guarded on PostgreSQL by the channel row lock every message write takes first and,
+/// independently, by the primary key with its violation mapped to a client error (either one
+/// suffices; with both removed the loser gets a database error), and on SQLite by `BEGIN
 /// IMMEDIATE` (a deferred transaction that read before the winner wrote cannot write at all).
 /// Two stores on separate pools, released by a barrier, for several rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
