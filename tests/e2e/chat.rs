@@ -716,3 +716,17 @@ async fn replies_accept_the_sort_forms_of_js_and_getstream_and_a_descending_sort
     assert_eq!(ids(&got["messages"]), r);
     app.get(&format!("/messages/{p}/replies?sort=%5B%7B%22field%22%3A%22text%22%7D%5D"), &app.server()).await.err(400, 4);
 }
+
+#[tokio::test]
+async fn an_admin_may_send_a_message_as_another_user_and_that_user_is_its_author() {
+    let app = TestApp::spawn().await;
+    app.users(&["agent-bot", "plain"]).await;
+    app.user_with_role("boss", "admin").await;
+    app.channel("agent:behalf", "boss", &["boss", "agent-bot", "plain"]).await;
+    let path = format!("{}/message", channel_path("agent:behalf"));
+    let m = app.post(&path, &app.user("boss"), json!({"message": {"text": "as the bot", "user_id": "agent-bot"}})).await.ok();
+    assert_eq!(m["message"]["user"]["id"], json!("agent-bot"), "{m}");
+    let stored = app.get(&format!("/messages/{}", m["message"]["id"].as_str().unwrap()), &app.server()).await.ok();
+    assert_eq!(stored["message"]["user"]["id"], json!("agent-bot"), "{stored}");
+    app.post(&path, &app.user("plain"), json!({"message": {"text": "as the bot", "user_id": "agent-bot"}})).await.err(403, 17);
+}

@@ -30,10 +30,9 @@ pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
             st.store.get_user(&id).await?.unwrap_or_else(|| User::placeholder(&id, "user"))
         }
         Viewer::User { id, role } => {
-            if let Some(other) = input::actor_id(msg)? {
-                if &other != id && role != "admin" {
-                    return Err(Error::not_allowed("a user can only send messages as itself").into());
-                }
+            let on_behalf = input::actor_id(msg)?.filter(|other| other != id);
+            if on_behalf.is_some() && role != "admin" {
+                return Err(Error::not_allowed("a user can only send messages as itself").into());
             }
             let member = st.store.is_member(&cid, id).await?;
             if !perm::may_write(&ctx.viewer, member) {
@@ -41,7 +40,11 @@ pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
                     Error::not_allowed(format!("you are not allowed to send messages to channel {cid:?}: only its members can")).into()
                 );
             }
-            ctx.user.clone().unwrap_or_else(|| User::placeholder(id, role))
+            match on_behalf {
+                // An admin may write as another user, as a server-side request may.
+                Some(other) => st.store.get_user(&other).await?.unwrap_or_else(|| User::placeholder(&other, "user")),
+                None => ctx.user.clone().unwrap_or_else(|| User::placeholder(id, role)),
+            }
         }
         Viewer::Anonymous { .. } => return Err(Error::not_allowed("anonymous users cannot send messages").into()),
     };
