@@ -47,3 +47,6 @@ impl SizeLimits {
 
 pub const FAILED_ID_TAKEN: &str = "fork_message_id_taken";
 pub const FAILED_TOO_LARGE: &str = "message_too_large";
+/// `failed_reason` of a fork whose backfill kept failing (a database error on every attempt)
+/// until the worker gave up.
+pub const FAILED_BACKFILL_ERROR: &str = "backfill_error";

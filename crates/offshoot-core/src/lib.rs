@@ -8,6 +8,7 @@
 pub mod error;
 pub mod fork;
 pub mod ids;
+pub mod jobs;
 pub mod model;
 pub mod perm;
 pub mod query;

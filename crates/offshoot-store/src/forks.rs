@@ -694,6 +694,23 @@ impl Store {
         Ok(step)
     }
 
+    /// Ends a backfill that cannot go on (the worker gave up after its attempts): the fork
+    /// becomes `failed` with `reason`, keeps what it copied, and `channel.forked` is written.
+    /// False when the fork is gone or no longer backfilling.
+    pub async fn fail_backfill(&self, fork_cid: &str, reason: &str) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        if self.backend() == Backend::Postgres {
+            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+        }
+        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok(false) };
+        if f.summary.status != ForkStatus::Backfilling {
+            return Ok(false);
+        }
+        finish(&mut tx, fork_cid, Some(reason)).await?;
+        tx.commit(self).await?;
+        Ok(true)
+    }
+
     /// Source id → copy id for the copies `fork_cid` holds, of the given source ids.
     pub async fn fork_message_ids(&self, fork_cid: &str, source_ids: &[String]) -> Result<Map<String, Value>> {
         let mut out = Map::new();

@@ -41,6 +41,7 @@
 //! worker or the WebSocket crates.
 
 mod channels;
+mod deliveries;
 mod events;
 mod forks;
 mod messages;
@@ -49,6 +50,7 @@ mod rows;
 mod users;
 
 pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState, UnreadCounts};
+pub use deliveries::DeadLetterRecord;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use users::{UserInput, UserPatch};

@@ -1,13 +1,332 @@
-//! The worker role: the fork backfill and webhook delivery, both driven by the database (the
-//! fork table is the backfill's durable queue, the event outbox is the webhooks').
+//! The worker role: fork backfills and webhook deliveries as **apalis** jobs, on SQLite (the
+//! embedded default) or PostgreSQL (scale-out), in the application's own database.
 //!
-//! Why not apalis: a backfill's state (status, cursor, counts) already lives in the `fork` row
-//! and must be written in the same transaction as each page; a separate job table would be a
-//! second source of truth that can disagree with it (a job missing for a backfilling fork is
-//! exactly the failure DESIGN.md asks us to repair). Polling the fork table makes "re-enqueue
-//! forks whose job went missing" the normal path rather than a repair.
+//! The fork row stays the only truth about a backfill (status, cursor, counts); apalis decides
+//! who runs what, when, and how often it is retried. A backfill job carries the fork's cid (and
+//! its count of failed attempts in a row); the API pushes it right after the fork's transaction
+//! commits, and a reconciler (at start-up and every [`WorkerConfig::reconcile_interval`])
+//! pushes one for every backfilling fork without a waiting or running job, so a lost push
+//! cannot strand a fork. Retries do not use apalis's own (immediate) retries: a job that fails
+//! ends and pushes a new job `run_after` an exponential back-off. See [`backfill`] and
+//! [`webhooks`].
 //!
-//! Depends on `offshoot-core` and `offshoot-store`; must not depend on axum, the API or ws.
+//! **Sharing the database with the store.** apalis needs typed pools (`SqlitePool`, `PgPool`),
+//! so this crate opens a small pool of its own on the same database ([`queue::Pools`]); pushes
+//! cannot join a store transaction, hence push-after-commit plus the reconciler. Migrations:
+//! on PostgreSQL apalis keeps everything in schema `apalis` (tables `apalis.jobs` and
+//! `apalis.workers`, bookkeeping in `apalis._sqlx_migrations`; a fresh database gets the
+//! `hstore` and `pgcrypto` extensions, so the database user needs that right). On SQLite its
+//! tables `Jobs` and `Workers` live beside the application's, and we run its migrations with
+//! their own bookkeeping table `_apalis_migrations`, so the application's `_sqlx_migrations`
+//! lists only the application's migrations and neither migrator sees the other's versions.
+//! `SqliteStorage::setup` is not called (it sets `synchronous = OFF`).
+//!
+//! **Workers.** Each process start registers workers under unique names (a restarted process
+//! must not reuse the name of its dead predecessor). A worker that dies (SIGKILL, power loss)
+//! stops its heartbeat; after [`WorkerConfig::heartbeat`] × [`MISSED_HEARTBEATS`] a live
+//! worker's heartbeat puts its jobs back in the queue, and the backfill resumes from the fork's
+//! cursor. On PostgreSQL workers are woken by LISTEN/NOTIFY and poll every
+//! [`WorkerConfig::poll_interval`] besides; on SQLite they poll.
+//!
+//! Depends on `offshoot-core`, `offshoot-store`, apalis and sqlx (typed pools for apalis);
+//! must not depend on axum, the API or the WebSocket crate.
 
 pub mod backfill;
+pub mod queue;
 pub mod webhooks;
+
+use apalis::prelude::{BackendExt, Monitor, Strategy, WorkerBuilder, WorkerBuilderExt};
+use apalis_postgres::{PostgresStorage, Pubsub};
+use apalis_sqlite::SqliteStorage;
+use backfill::{BackfillJob, BackfillPolicy};
+use offshoot_core::jobs::{BoxFuture, DeadLetter, JobCounts, Jobs};
+use offshoot_core::Error;
+use offshoot_store::Store;
+use queue::{Pools, QueueError, BACKFILL_QUEUE, WEBHOOK_QUEUE};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use webhooks::{Circuits, DeliveryJob, WebhookPolicy};
+
+/// Heartbeats a worker may miss before its jobs are given to others.
+pub const MISSED_HEARTBEATS: usize = 3;
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub backfill: BackfillPolicy,
+    pub webhooks: WebhookPolicy,
+    /// How often a worker tells the database it is alive (and re-queues the jobs of workers
+    /// that stopped doing so).
+    pub heartbeat: Duration,
+    /// How often an idle worker looks for due jobs (besides LISTEN/NOTIFY on PostgreSQL).
+    pub poll_interval: Duration,
+    /// How often the reconciler looks for backfilling forks without a job.
+    pub reconcile_interval: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            backfill: BackfillPolicy::default(),
+            webhooks: WebhookPolicy::default(),
+            heartbeat: Duration::from_secs(5),
+            poll_interval: Duration::from_secs(1),
+            reconcile_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The longest a dead worker's job waits before another worker takes it: its heartbeat
+    /// missed [`MISSED_HEARTBEATS`] times, plus one heartbeat of the live worker.
+    pub fn takeover_bound(&self) -> Duration {
+        self.heartbeat * (MISSED_HEARTBEATS as u32 + 1)
+    }
+}
+
+/// The job queue: pushing jobs and reading its state. Used by every role (the API pushes
+/// backfills); cheap to clone.
+#[derive(Clone)]
+pub struct Queue {
+    pub pools: Pools,
+    pub store: Store,
+}
+
+impl Queue {
+    /// Opens apalis's pool on the store's database and applies apalis's migrations.
+    pub async fn connect(store: Store, database_url: &str) -> Result<Queue, QueueError> {
+        Ok(Queue { pools: Pools::connect(database_url).await?, store })
+    }
+
+    pub async fn close(&self) {
+        self.pools.close().await;
+    }
+
+    pub async fn dead_letters(&self, limit: i64, offset: i64) -> Result<Vec<DeadLetter>, QueueError> {
+        Ok(self.store.dead_letters(limit, offset).await.map_err(|e| e.to_string())?.into_iter().map(|r| r.letter).collect())
+    }
+
+    /// Queues dead letters again (all when `ids` is `None`); returns how many.
+    pub async fn replay_dead_letters(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        let mut n = 0;
+        match ids {
+            Some(ids) => {
+                let records = self.store.dead_letters_by_id(ids).await.map_err(|e| e.to_string())?;
+                n += webhooks::replay(&self.pools, &self.store, records).await?;
+            }
+            None => loop {
+                let records = self.store.dead_letters(500, 0).await.map_err(|e| e.to_string())?;
+                if records.is_empty() {
+                    break;
+                }
+                n += webhooks::replay(&self.pools, &self.store, records).await?;
+            },
+        }
+        Ok(n)
+    }
+
+    pub async fn counts(&self) -> Result<Vec<JobCounts>, QueueError> {
+        let mut backfill = self.pools.counts(BACKFILL_QUEUE).await?;
+        backfill.dead_lettered = self.store.count_failed_forks().await.map_err(|e| e.to_string())?;
+        let mut webhook = self.pools.counts(WEBHOOK_QUEUE).await?;
+        webhook.dead_lettered = self.store.count_dead_letters().await.map_err(|e| e.to_string())?;
+        Ok(vec![backfill, webhook])
+    }
+}
+
+fn internal(what: &str, e: QueueError) -> Error {
+    tracing::error!(error = %e, "{what}");
+    Error::internal()
+}
+
+impl Jobs for Queue {
+    fn enqueue_backfill<'a>(&'a self, fork_cid: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.pools.push_backfill(BackfillJob::new(fork_cid), Duration::ZERO).await.map_err(|e| internal("queueing a backfill failed", e))
+        })
+    }
+
+    fn dead_letters(&self, limit: i64, offset: i64) -> BoxFuture<'_, Result<Vec<DeadLetter>, Error>> {
+        Box::pin(async move { Queue::dead_letters(self, limit, offset).await.map_err(|e| internal("listing dead letters failed", e)) })
+    }
+
+    fn replay_dead_letters<'a>(&'a self, ids: Option<&'a [String]>) -> BoxFuture<'a, Result<u64, Error>> {
+        Box::pin(async move { Queue::replay_dead_letters(self, ids).await.map_err(|e| internal("replaying dead letters failed", e)) })
+    }
+
+    fn counts(&self) -> BoxFuture<'_, Result<Vec<JobCounts>, Error>> {
+        Box::pin(async move { Queue::counts(self).await.map_err(|e| internal("counting jobs failed", e)) })
+    }
+}
+
+/// What every job handler reaches.
+pub struct Shared {
+    pub store: Store,
+    pub pools: Pools,
+    pub backfill: BackfillPolicy,
+    pub webhooks: WebhookPolicy,
+    pub http: reqwest::Client,
+    pub circuits: Circuits,
+    pub api_key: Arc<str>,
+    pub api_secret: Arc<str>,
+    /// Cancelled at shutdown: a backfill stops at its next page boundary.
+    pub shutdown: CancellationToken,
+}
+
+/// Runs the worker role until `shutdown`: the apalis workers of both queues, the webhook
+/// queueing relay and the reconciler. In-flight jobs get a bounded time to finish.
+pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret: String, shutdown: CancellationToken) {
+    let http = match reqwest::Client::builder().timeout(config.webhooks.attempt_timeout).redirect(reqwest::redirect::Policy::none()).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the webhook HTTP client; the worker is off");
+            return;
+        }
+    };
+    let shared = Arc::new(Shared {
+        store: queue.store.clone(),
+        pools: queue.pools.clone(),
+        backfill: config.backfill.clone(),
+        webhooks: config.webhooks.clone(),
+        http,
+        circuits: Circuits::default(),
+        api_key: api_key.into(),
+        api_secret: api_secret.into(),
+        shutdown: shutdown.clone(),
+    });
+    // Unique per process start: a restarted process must not take over its predecessor's name.
+    let instance = format!("{}-{}", std::process::id(), ulid::Ulid::generate());
+    let monitor = register(Monitor::new(), &shared, &config, &instance)
+        .should_restart(|ctx, err| {
+            tracing::warn!(worker = ctx.name(), error = %err, "apalis worker stopped with an error; restarting it");
+            true
+        })
+        .shutdown_timeout(config.webhooks.attempt_timeout + Duration::from_secs(2));
+    let relay = tokio::spawn(webhooks::relay(shared.clone(), shutdown.clone()));
+    let reconciler = tokio::spawn(reconcile_loop(shared.clone(), config.reconcile_interval, shutdown.clone()));
+    tracing::info!(%instance, takeover_s = config.takeover_bound().as_secs(), "worker started (apalis)");
+    let s = shutdown.clone();
+    if let Err(e) = monitor
+        .run_with_signal(async move {
+            s.cancelled().await;
+            Ok(())
+        })
+        .await
+    {
+        tracing::error!(error = %e, "the apalis monitor ended with an error");
+    }
+    let _ = relay.await;
+    let _ = reconciler.await;
+    tracing::info!("worker stopped");
+}
+
+fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, instance: &str) -> Monitor {
+    let hb = config.heartbeat;
+    let poll = config.poll_interval;
+    let (bf_n, wh_n) = (config.backfill.concurrency.max(1), config.webhooks.concurrency.max(1));
+    match &shared.pools {
+        Pools::Sqlite(pool) => {
+            let cfg = move |queue: &str, n: usize| {
+                apalis_sqlite::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
+            };
+            let (p1, s1, name1) = (pool.clone(), shared.clone(), format!("backfill-{instance}"));
+            let (p2, s2, name2) = (pool.clone(), shared.clone(), format!("webhook-{instance}"));
+            monitor
+                .register(move |restarts| {
+                    let backend = SqliteStorage::<BackfillJob>::new(&p1).with_config(cfg(BACKFILL_QUEUE, bf_n)).poll_with_interval(poll);
+                    WorkerBuilder::new(format!("{name1}-{restarts}"))
+                        .backend(backend)
+                        .data(s1.clone())
+                        .concurrency(bf_n)
+                        .build(backfill::run_job)
+                })
+                .register(move |restarts| {
+                    let backend = SqliteStorage::<DeliveryJob>::new(&p2).with_config(cfg(WEBHOOK_QUEUE, wh_n)).poll_with_interval(poll);
+                    WorkerBuilder::new(format!("{name2}-{restarts}"))
+                        .backend(backend)
+                        .data(s2.clone())
+                        .concurrency(wh_n)
+                        .build(webhooks::run_job)
+                })
+        }
+        Pools::Postgres(pool) => {
+            let cfg = move |queue: &str, n: usize| {
+                apalis_postgres::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
+            };
+            // LISTEN/NOTIFY wakes an idle worker at once; the interval catches what it missed.
+            let strategy = move |pool: &sqlx::PgPool, queue: &str| Strategy::new().stream(Pubsub::new(pool.clone(), queue.to_string())).interval(poll);
+            let (p1, s1, name1) = (pool.clone(), shared.clone(), format!("backfill-{instance}"));
+            let (p2, s2, name2) = (pool.clone(), shared.clone(), format!("webhook-{instance}"));
+            monitor
+                .register(move |restarts| {
+                    let backend = PostgresStorage::<BackfillJob>::new(&p1)
+                        .with_config(cfg(BACKFILL_QUEUE, bf_n))
+                        .poll_with_strategy(strategy(&p1, BACKFILL_QUEUE));
+                    WorkerBuilder::new(format!("{name1}-{restarts}"))
+                        .backend(backend)
+                        .data(s1.clone())
+                        .concurrency(bf_n)
+                        .build(backfill::run_job)
+                })
+                .register(move |restarts| {
+                    let backend = PostgresStorage::<DeliveryJob>::new(&p2)
+                        .with_config(cfg(WEBHOOK_QUEUE, wh_n))
+                        .poll_with_strategy(strategy(&p2, WEBHOOK_QUEUE));
+                    WorkerBuilder::new(format!("{name2}-{restarts}"))
+                        .backend(backend)
+                        .data(s2.clone())
+                        .concurrency(wh_n)
+                        .build(webhooks::run_job)
+                })
+        }
+    }
+}
+
+async fn reconcile_loop(shared: Arc<Shared>, every: Duration, shutdown: CancellationToken) {
+    loop {
+        match backfill::reconcile(&shared).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(queued = n, "reconciler queued backfills of forks without a job"),
+            Err(e) => tracing::warn!(error = %e, "reconciling backfills failed"),
+        }
+        match shared.pools.remove_finished().await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(removed = n, "removed finished jobs"),
+            Err(e) => tracing::warn!(error = %e, "removing finished jobs failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// The pause before attempt `failed + 1`: `base` doubled for each failure after the first, at
+/// most `max`, jittered to between half and all of that.
+pub fn backoff(base: Duration, max: Duration, failed: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << failed.saturating_sub(1).min(20)).min(max);
+    let half = exp / 2;
+    half + Duration::from_millis(random_below(half.as_millis() as u64 + 1))
+}
+
+/// A uniformly random number below `n` (`n` > 0).
+pub(crate) fn random_below(n: u64) -> u64 {
+    (uuid::Uuid::new_v4().as_u128() % n.max(1) as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter_in_the_upper_half() {
+        let (base, max) = (Duration::from_secs(2), Duration::from_secs(60));
+        for (failed, full) in [(1, 2), (2, 4), (3, 8), (5, 32), (6, 60), (40, 60)] {
+            for _ in 0..50 {
+                let d = backoff(base, max, failed);
+                let full = Duration::from_secs(full);
+                assert!(d >= full / 2 && d <= full, "attempt {failed}: {d:?} not within [{:?}, {full:?}]", full / 2);
+            }
+        }
+    }
+}

@@ -1,66 +1,112 @@
-//! Webhook delivery from the event outbox.
+//! Webhook delivery as apalis jobs.
 //!
-//! Two steps, both durable. Queueing: the `webhooks` outbox cursor moves past new events and,
-//! in the same transaction, one delivery row is written per event and configured URL (so a
-//! crash neither loses nor repeats a queued delivery, and the cursor's compare-and-set keeps
-//! two workers from queueing the same events). Delivering: a due delivery is leased, POSTed
-//! with Stream's headers and signature, then removed or rescheduled. A worker that dies
-//! mid-attempt loses the lease and the attempt is made again, so delivery is at least once;
-//! `X-Webhook-Id` stays the same across attempts so receivers can drop duplicates.
+//! Queueing: [`relay`] reads the event outbox from the `webhooks` cursor and pushes one job per
+//! (event, endpoint), carrying the rendered body, then moves the cursor (compare-and-set). The
+//! first attempt's job id is derived from the delivery id (a version 5 UUID of the event's
+//! `seq` and the URL), so two workers queueing the same events, or a worker queueing them
+//! again after a crash between push and cursor move, collide on apalis's unique job id instead
+//! of delivering twice.
 //!
-//! Retries follow Stream: HTTP 408, 429, 5xx or a timeout are tried 3 times, a network error
-//! twice, any other answer once. Each attempt times out after 6 s.
+//! Delivering: each attempt POSTs the same body with Stream's headers, `X-Webhook-Id` (the
+//! delivery id, the same on every attempt) and `X-Webhook-Attempt`. HTTP 408, 429, 5xx, a
+//! timeout or a network error is retried: the job ends and a new one is pushed after an
+//! exponential back-off with jitter, for as long as the retry window (24 h by default) lasts.
+//! Any other answer (a 4xx: the receiver refuses this event) and a delivery still failing at
+//! the end of the window are **dead-lettered**: kept with their body, listed and replayed by
+//! an admin (`GET /webhooks/dead_letters`, `POST /webhooks/dead_letters/replay`, or the CLI).
+//!
+//! Per endpoint, a circuit opens after [`WebhookPolicy::circuit_threshold`] failures in a row:
+//! while it is open that endpoint's deliveries wait (pushed again for when it closes) without
+//! spending an attempt; when it half-opens one delivery probes, and a success closes it. The
+//! circuit is kept per worker process. Other endpoints are never held back.
 
+use crate::queue::{ulid_of, QueueError};
+use crate::Shared;
+use apalis::prelude::{BoxDynError, Data};
 use hmac::{Hmac, KeyInit, Mac};
+use offshoot_core::jobs::DeadLetter;
 use offshoot_core::model::{AppSettings, OutboxEvent};
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::time;
-use offshoot_store::{Store, StoreError};
+use offshoot_store::{DeadLetterRecord, Store};
+use serde::{Deserialize, Serialize};
 use sha2::Sha256;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::task::JoinSet;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// The outbox cursor of webhook queueing.
 pub const CURSOR: &str = "webhooks";
-/// Per attempt, as Stream does.
-pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(6);
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Events read from the outbox per query.
 const BATCH: i64 = 500;
-/// Deliveries in flight at once.
-const MAX_IN_FLIGHT: usize = 32;
-/// How long a leased delivery stays invisible to other workers (covers one attempt).
-const LEASE: Duration = Duration::from_secs(30);
 
-/// Runs until `shutdown`, then waits (bounded by one attempt's timeout) for deliveries in
-/// flight.
-pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: CancellationToken) {
-    let client = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).redirect(reqwest::redirect::Policy::none()).build() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the webhook HTTP client; webhooks are off");
-            return;
+/// How deliveries are retried.
+#[derive(Debug, Clone)]
+pub struct WebhookPolicy {
+    /// How long after its first attempt a delivery is still retried; then it is dead-lettered.
+    pub retry_window: Duration,
+    /// Back-off before attempt 2, doubled for each further attempt up to `backoff_max`, with
+    /// jitter (each pause is between half and all of that).
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Per attempt.
+    pub attempt_timeout: Duration,
+    /// Failures in a row that open an endpoint's circuit.
+    pub circuit_threshold: u32,
+    /// Deliveries in flight at once per worker process.
+    pub concurrency: usize,
+}
+
+impl Default for WebhookPolicy {
+    fn default() -> Self {
+        WebhookPolicy {
+            retry_window: Duration::from_secs(24 * 3600),
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(3600),
+            attempt_timeout: Duration::from_secs(6),
+            circuit_threshold: 5,
+            concurrency: 16,
         }
-    };
-    let ctx = Arc::new(Ctx { store, client, api_key, api_secret });
-    let notify = ctx.store.event_notify();
-    let mut in_flight: JoinSet<()> = JoinSet::new();
+    }
+}
+
+/// One delivery of one event to one endpoint, as queued.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryJob {
+    /// `X-Webhook-Id`: the same on every attempt and replay.
+    pub id: String,
+    pub url: String,
+    pub event_type: String,
+    pub seq: i64,
+    /// The exact body, rendered when the event was queued; every attempt sends it unchanged.
+    pub body: String,
+    /// 1-based number of this attempt (`X-Webhook-Attempt`).
+    pub attempt: u32,
+    /// When the retry window started (Unix nanoseconds).
+    pub window_start: i64,
+}
+
+/// The delivery id of an event at an endpoint.
+pub fn delivery_id(seq: i64, url: &str) -> uuid::Uuid {
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, format!("offshoot:webhook:{seq}:{url}").as_bytes())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queueing
+
+/// Turns outbox events into delivery jobs until `shutdown`.
+pub async fn relay(shared: Arc<Shared>, shutdown: CancellationToken) {
+    let notify = shared.store.event_notify();
     let mut failing = false;
-    tracing::info!("webhook delivery started");
+    tracing::info!("webhook queueing started");
     loop {
         // Registered before reading, so a commit during the read still wakes the next wait.
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        reap(&mut in_flight);
-        let result = async {
-            queue_new(&ctx.store).await?;
-            start_due(&ctx, &mut in_flight).await
-        }
-        .await;
-        match result {
+        match queue_new(&shared).await {
             Ok(()) if failing => {
                 failing = false;
                 tracing::info!("webhook queueing works again");
@@ -76,34 +122,14 @@ pub async fn run(store: Store, api_key: String, api_secret: String, shutdown: Ca
             _ = shutdown.cancelled() => break,
             _ = &mut notified => {}
             _ = tokio::time::sleep(POLL_INTERVAL) => {}
-            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
         }
     }
-    let drained =
-        tokio::time::timeout(ATTEMPT_TIMEOUT + Duration::from_secs(1), async { while in_flight.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        tracing::warn!("webhook deliveries still in flight at shutdown; they are retried after restart");
-    }
-    tracing::info!("webhook delivery stopped");
+    tracing::info!("webhook queueing stopped");
 }
 
-struct Ctx {
-    store: Store,
-    client: reqwest::Client,
-    api_key: String,
-    api_secret: String,
-}
-
-fn reap(in_flight: &mut JoinSet<()>) {
-    while let Some(done) = in_flight.try_join_next() {
-        if let Err(e) = done {
-            tracing::error!(error = %e, "a webhook delivery task failed");
-        }
-    }
-}
-
-/// Moves the cursor past new events, queueing a delivery per webhook-audience event and URL.
-async fn queue_new(store: &Store) -> Result<(), StoreError> {
+/// Pushes a delivery job per webhook-audience event and URL past the cursor, then moves it.
+async fn queue_new(shared: &Shared) -> Result<(), BoxDynError> {
+    let store = &shared.store;
     loop {
         let from = store.outbox_cursor(CURSOR).await?;
         let batch = store.events_after(from, BATCH).await?;
@@ -111,39 +137,50 @@ async fn queue_new(store: &Store) -> Result<(), StoreError> {
             return Ok(());
         };
         let settings = store.app_settings().await?;
-        let deliveries: Vec<(i64, String)> = batch
-            .iter()
-            .filter(|e| e.audience.webhooks && !e.event.kind.is_empty())
-            .flat_map(|e| webhook_urls(&settings, &e.event.kind).into_iter().map(move |url| (e.seq, url)))
-            .collect();
-        // False: another worker queued this range first; read its cursor again.
-        let advanced = store.advance_cursor_from(CURSOR, from, to, &deliveries).await?;
+        let dialect = webhook_dialect(&settings);
+        let now = time::now();
+        let mut jobs = Vec::new();
+        for ev in batch.iter().filter(|e| e.audience.webhooks && !e.event.kind.is_empty()) {
+            let urls = webhook_urls(&settings, &ev.event.kind);
+            if urls.is_empty() {
+                continue;
+            }
+            let body = render_body(store, dialect, ev).await?;
+            for url in urls {
+                let id = delivery_id(ev.seq, &url);
+                let job = DeliveryJob {
+                    id: id.to_string(),
+                    url,
+                    event_type: ev.event.kind.clone(),
+                    seq: ev.seq,
+                    body: body.clone(),
+                    attempt: 1,
+                    window_start: now,
+                };
+                jobs.push((job, ulid_of(id), Duration::ZERO));
+            }
+        }
+        shared.pools.push_deliveries(jobs).await?;
+        // False: another worker queued this range first (its jobs collided with ours).
+        let advanced = store.advance_cursor_from(CURSOR, from, to, &[]).await?;
         if advanced && (batch.len() as i64) < BATCH {
             return Ok(());
         }
     }
 }
 
-/// Leases due deliveries (up to the free capacity) and starts them.
-async fn start_due(ctx: &Arc<Ctx>, in_flight: &mut JoinSet<()>) -> Result<(), StoreError> {
-    let free = MAX_IN_FLIGHT.saturating_sub(in_flight.len());
-    if free == 0 {
-        return Ok(());
+fn carries_members(kind: &str) -> bool {
+    ["message.", "channel.", "member.", "reaction."].iter().any(|p| kind.starts_with(p))
+}
+
+async fn render_body(store: &Store, dialect: Dialect, ev: &OutboxEvent) -> Result<String, BoxDynError> {
+    let mut value = render::event(dialect, &ev.event);
+    // Like Stream, message and channel events carry the channel's members (up to 50).
+    if let Some(cid) = ev.event.cid.as_deref().filter(|_| carries_members(&ev.event.kind)) {
+        let members = store.members(cid, 50, 0).await?;
+        value["members"] = members.iter().map(|m| render::member(dialect, m)).collect();
     }
-    let due = ctx.store.due_deliveries(free as i64).await?;
-    if due.is_empty() {
-        return Ok(());
-    }
-    let dialect = webhook_dialect(&ctx.store.app_settings().await?);
-    for (id, event, url, attempts) in due {
-        let lease_until = time::now() + LEASE.as_nanos() as i64;
-        if !ctx.store.claim_delivery(&id, attempts, lease_until).await? {
-            continue;
-        }
-        let ctx = ctx.clone();
-        in_flight.spawn(async move { deliver(&ctx, dialect, id, event, url, attempts).await });
-    }
-    Ok(())
+    Ok(serde_json::to_string(&value)?)
 }
 
 /// The URLs an event of type `kind` goes to: `webhook_url` (filtered by `webhook_events`) and
@@ -194,99 +231,193 @@ pub fn sign(secret: &str, body: &[u8]) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
+// ---------------------------------------------------------------------------------------------
+// Delivering
+
 /// How one attempt ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
     Delivered,
-    /// Worth another attempt, up to this many attempts in all.
-    Retry {
-        reason: String,
-        max_attempts: i64,
-    },
-    GiveUp(String),
+    /// Worth another attempt.
+    Retry(String),
+    /// The receiver refused this event: no point in trying again.
+    Refused(String),
 }
 
 fn classify_status(status: reqwest::StatusCode) -> Outcome {
     if status.is_success() {
         Outcome::Delivered
     } else if status.as_u16() == 408 || status.as_u16() == 429 || status.is_server_error() {
-        Outcome::Retry { reason: format!("HTTP {status}"), max_attempts: 3 }
+        Outcome::Retry(format!("HTTP {status}"))
     } else {
-        Outcome::GiveUp(format!("HTTP {status}"))
+        Outcome::Refused(format!("HTTP {status}"))
     }
 }
 
-/// Pause before attempt `attempt + 1`.
-fn backoff(attempt: i64) -> Duration {
-    match attempt {
-        1 => Duration::from_millis(500),
-        _ => Duration::from_secs(2),
+/// The apalis handler of the webhook queue: one attempt.
+pub async fn run_job(job: DeliveryJob, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
+    let policy = &shared.webhooks;
+    let deadline = job.window_start + policy.retry_window.as_nanos() as i64;
+    if let Admit::Wait(wait) = shared.circuits.admit(&job.url, policy) {
+        // Not an attempt: wait for the circuit, unless the window ends first.
+        if time::now() + wait.as_nanos() as i64 > deadline {
+            return dead_letter(&shared, &job, job.attempt.saturating_sub(1), "the endpoint kept failing until the end of the retry window").await;
+        }
+        tracing::debug!(delivery = %job.id, url = %job.url, wait_s = wait.as_secs(), "endpoint circuit open; delivery waits");
+        shared.pools.push_deliveries(vec![(job.clone(), ulid::Ulid::generate(), wait)]).await?;
+        return Ok(());
     }
-}
-
-async fn deliver(ctx: &Ctx, dialect: Dialect, id: String, ev: OutboxEvent, url: String, attempts: i64) {
-    let attempt = attempts + 1;
-    let outcome = if ev.event.kind.is_empty() {
-        Outcome::GiveUp("the event could not be decoded".into())
-    } else {
-        post(ctx, dialect, &id, &ev, &url, attempt).await
-    };
-    let retry_at = match &outcome {
+    let outcome = post(&shared, &job).await;
+    shared.circuits.record(&job.url, !matches!(outcome, Outcome::Retry(_)), policy);
+    match outcome {
         Outcome::Delivered => {
-            tracing::debug!(delivery = %id, seq = ev.seq, %url, attempt, "webhook delivered");
-            None
+            tracing::debug!(delivery = %job.id, seq = job.seq, url = %job.url, attempt = job.attempt, "webhook delivered");
+            Ok(())
         }
-        Outcome::Retry { reason, max_attempts } if attempt < *max_attempts => {
-            tracing::info!(delivery = %id, seq = ev.seq, %url, attempt, %reason, "webhook attempt failed; retrying");
-            Some(time::now() + backoff(attempt).as_nanos() as i64)
+        Outcome::Refused(reason) => {
+            tracing::warn!(delivery = %job.id, event = %job.event_type, url = %job.url, attempt = job.attempt, %reason, "webhook refused by the receiver; dead-lettered");
+            dead_letter(&shared, &job, job.attempt, &reason).await
         }
-        Outcome::Retry { reason, .. } => {
-            tracing::warn!(delivery = %id, seq = ev.seq, event = %ev.event.kind, %url, attempt, %reason, "webhook not delivered; giving up after the last attempt");
-            None
+        Outcome::Retry(reason) => {
+            let delay = crate::backoff(policy.backoff_base, policy.backoff_max, job.attempt);
+            if time::now() + delay.as_nanos() as i64 > deadline {
+                tracing::warn!(delivery = %job.id, event = %job.event_type, url = %job.url, attempt = job.attempt, %reason, "webhook not delivered within the retry window; dead-lettered");
+                return dead_letter(&shared, &job, job.attempt, &reason).await;
+            }
+            tracing::info!(delivery = %job.id, url = %job.url, attempt = job.attempt, retry_in_s = delay.as_secs(), %reason, "webhook attempt failed; retrying");
+            let next = DeliveryJob { attempt: job.attempt + 1, ..job };
+            shared.pools.push_deliveries(vec![(next, ulid::Ulid::generate(), delay)]).await?;
+            Ok(())
         }
-        Outcome::GiveUp(reason) => {
-            tracing::warn!(delivery = %id, seq = ev.seq, event = %ev.event.kind, %url, attempt, %reason, "webhook not delivered; not retrying");
-            None
-        }
-    };
-    if let Err(e) = ctx.store.finish_delivery(&id, retry_at).await {
-        // The lease expires and the attempt is made again.
-        tracing::error!(delivery = %id, error = %e, "recording a webhook attempt failed");
     }
 }
 
-fn carries_members(kind: &str) -> bool {
-    ["message.", "channel.", "member.", "reaction."].iter().any(|p| kind.starts_with(p))
-}
-
-async fn post(ctx: &Ctx, dialect: Dialect, id: &str, ev: &OutboxEvent, url: &str, attempt: i64) -> Outcome {
-    let mut value = render::event(dialect, &ev.event);
-    // Like Stream, message and channel events carry the channel's members (up to 50).
-    if let Some(cid) = ev.event.cid.as_deref().filter(|_| carries_members(&ev.event.kind)) {
-        match ctx.store.members(cid, 50, 0).await {
-            Ok(members) => value["members"] = members.iter().map(|m| render::member(dialect, m)).collect(),
-            Err(e) => return Outcome::Retry { reason: format!("loading the channel's members failed: {e}"), max_attempts: 3 },
-        }
-    }
-    let body = match serde_json::to_vec(&value) {
-        Ok(b) => b,
-        Err(e) => return Outcome::GiveUp(format!("rendering the event failed: {e}")),
-    };
-    let request = ctx
-        .client
-        .post(url)
+async fn post(shared: &Shared, job: &DeliveryJob) -> Outcome {
+    let request = shared
+        .http
+        .post(&job.url)
         .header("Content-Type", "application/json")
-        .header("X-Signature", sign(&ctx.api_secret, &body))
-        .header("X-Webhook-Id", id)
-        .header("X-Webhook-Attempt", attempt.to_string())
-        .header("X-Api-Key", &ctx.api_key)
-        .body(body);
+        .header("X-Signature", sign(&shared.api_secret, job.body.as_bytes()))
+        .header("X-Webhook-Id", &job.id)
+        .header("X-Webhook-Attempt", job.attempt.to_string())
+        .header("X-Api-Key", &*shared.api_key)
+        .body(job.body.clone());
     match request.send().await {
         Ok(resp) => classify_status(resp.status()),
-        Err(e) if e.is_timeout() => Outcome::Retry { reason: "timed out".into(), max_attempts: 3 },
-        Err(e) if e.is_builder() => Outcome::GiveUp(format!("invalid webhook URL: {e}")),
-        Err(e) => Outcome::Retry { reason: format!("network error: {e}"), max_attempts: 2 },
+        Err(e) if e.is_timeout() => Outcome::Retry("timed out".into()),
+        Err(e) if e.is_builder() => Outcome::Refused(format!("invalid webhook URL: {e}")),
+        Err(e) => Outcome::Retry(format!("network error: {e}")),
     }
+}
+
+async fn dead_letter(shared: &Shared, job: &DeliveryJob, attempts: u32, reason: &str) -> Result<(), BoxDynError> {
+    let record = DeadLetterRecord {
+        letter: DeadLetter {
+            id: job.id.clone(),
+            url: job.url.clone(),
+            event_type: job.event_type.clone(),
+            event_seq: job.seq,
+            attempts: attempts as i64,
+            last_error: reason.to_string(),
+            first_attempt_at: job.window_start,
+            created_at: time::now(),
+        },
+        body: job.body.clone(),
+    };
+    shared.store.dead_letter(&record).await?;
+    Ok(())
+}
+
+/// Queues dead letters again: a new retry window, the same `X-Webhook-Id`, the attempt count
+/// going on; the dead letter is removed once its job is queued. Returns how many.
+pub async fn replay(pools: &crate::queue::Pools, store: &Store, records: Vec<DeadLetterRecord>) -> Result<u64, QueueError> {
+    let now = time::now();
+    let mut n = 0;
+    for chunk in records.chunks(200) {
+        let jobs = chunk
+            .iter()
+            .map(|r| {
+                let job = DeliveryJob {
+                    id: r.letter.id.clone(),
+                    url: r.letter.url.clone(),
+                    event_type: r.letter.event_type.clone(),
+                    seq: r.letter.event_seq,
+                    body: r.body.clone(),
+                    attempt: r.letter.attempts as u32 + 1,
+                    window_start: now,
+                };
+                (job, ulid::Ulid::generate(), Duration::ZERO)
+            })
+            .collect();
+        pools.push_deliveries(jobs).await?;
+        let ids: Vec<String> = chunk.iter().map(|r| r.letter.id.clone()).collect();
+        n += store.delete_dead_letters(&ids).await.map_err(|e| e.to_string())?;
+    }
+    Ok(n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Circuits
+
+enum Admit {
+    Go,
+    Wait(Duration),
+}
+
+#[derive(Debug, Default)]
+struct Circuit {
+    failures: u32,
+    open_until: Option<Instant>,
+    probing: bool,
+}
+
+/// Per-endpoint circuits of this process.
+#[derive(Debug, Default)]
+pub struct Circuits(Mutex<HashMap<String, Circuit>>);
+
+impl Circuits {
+    fn admit(&self, url: &str, policy: &WebhookPolicy) -> Admit {
+        let mut map = self.0.lock().expect("circuits");
+        let Some(c) = map.get_mut(url) else { return Admit::Go };
+        let Some(until) = c.open_until else { return Admit::Go };
+        let now = Instant::now();
+        if now < until {
+            return Admit::Wait(jitter_up(until - now));
+        }
+        if c.probing {
+            // Half-open: one probe at a time; the others look again shortly.
+            return Admit::Wait(jitter_up(policy.backoff_base));
+        }
+        c.probing = true;
+        Admit::Go
+    }
+
+    fn record(&self, url: &str, ok: bool, policy: &WebhookPolicy) {
+        let mut map = self.0.lock().expect("circuits");
+        if ok {
+            if map.remove(url).is_some_and(|c| c.open_until.is_some()) {
+                tracing::info!(%url, "webhook endpoint answers again; circuit closed");
+            }
+            return;
+        }
+        let c = map.entry(url.to_string()).or_default();
+        c.failures += 1;
+        c.probing = false;
+        if c.failures >= policy.circuit_threshold {
+            let open_for = crate::backoff(policy.backoff_base, policy.backoff_max, c.failures - policy.circuit_threshold + 1);
+            if c.open_until.is_none() {
+                tracing::warn!(%url, failures = c.failures, "webhook endpoint keeps failing; circuit open");
+            }
+            c.open_until = Some(Instant::now() + open_for);
+        }
+    }
+}
+
+/// `d` plus up to a quarter more, at least one second (apalis schedules in whole seconds).
+fn jitter_up(d: Duration) -> Duration {
+    let extra = d / 4;
+    let extra = Duration::from_millis(crate::random_below(extra.as_millis() as u64 + 1));
+    (d + extra).max(Duration::from_secs(1))
 }
 
 #[cfg(test)]
@@ -317,15 +448,15 @@ mod tests {
     }
 
     #[test]
-    fn statuses_are_classified_as_stream_retries_them() {
+    fn server_errors_and_throttling_are_retried_and_other_answers_refuse_the_event() {
         use reqwest::StatusCode;
         assert_eq!(classify_status(StatusCode::OK), Outcome::Delivered);
         assert_eq!(classify_status(StatusCode::NO_CONTENT), Outcome::Delivered);
         for s in [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS, StatusCode::INTERNAL_SERVER_ERROR, StatusCode::BAD_GATEWAY] {
-            assert!(matches!(classify_status(s), Outcome::Retry { max_attempts: 3, .. }), "{s}");
+            assert!(matches!(classify_status(s), Outcome::Retry(_)), "{s}");
         }
         for s in [StatusCode::BAD_REQUEST, StatusCode::NOT_FOUND, StatusCode::FOUND] {
-            assert!(matches!(classify_status(s), Outcome::GiveUp(_)), "{s}");
+            assert!(matches!(classify_status(s), Outcome::Refused(_)), "{s}");
         }
     }
 
@@ -335,5 +466,30 @@ mod tests {
         assert_eq!(webhook_dialect(&s), Dialect::Legacy);
         s.webhook_dialect = "v2".into();
         assert_eq!(webhook_dialect(&s), Dialect::V2);
+    }
+
+    #[test]
+    fn a_delivery_id_depends_on_the_event_and_the_endpoint_only() {
+        assert_eq!(delivery_id(7, "http://a/"), delivery_id(7, "http://a/"));
+        assert_ne!(delivery_id(7, "http://a/"), delivery_id(8, "http://a/"));
+        assert_ne!(delivery_id(7, "http://a/"), delivery_id(7, "http://b/"));
+        assert_eq!(ulid_of(delivery_id(7, "http://a/")).0, delivery_id(7, "http://a/").as_u128());
+    }
+
+    #[test]
+    fn a_circuit_opens_after_failures_in_a_row_lets_one_probe_through_and_closes_on_success() {
+        let policy = WebhookPolicy { circuit_threshold: 3, backoff_base: Duration::from_millis(1), ..Default::default() };
+        let c = Circuits::default();
+        for _ in 0..2 {
+            c.record("http://x/", false, &policy);
+            assert!(matches!(c.admit("http://x/", &policy), Admit::Go), "below the threshold every delivery goes");
+        }
+        c.record("http://x/", false, &policy);
+        assert!(matches!(c.admit("http://y/", &policy), Admit::Go), "other endpoints are not held back");
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(matches!(c.admit("http://x/", &policy), Admit::Go), "after the open period one probe goes");
+        assert!(matches!(c.admit("http://x/", &policy), Admit::Wait(_)), "while it probes the others wait");
+        c.record("http://x/", true, &policy);
+        assert!(matches!(c.admit("http://x/", &policy), Admit::Go), "a success closes the circuit");
     }
 }

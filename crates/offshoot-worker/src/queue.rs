@@ -1,0 +1,223 @@
+//! The apalis side of the worker: typed pools on the application's database, apalis's
+//! migrations, pushing jobs, and the few reads of apalis's tables that apalis has no API for
+//! (live jobs of a queue for the reconciler, counts per state, removing finished jobs).
+
+use crate::backfill::BackfillJob;
+use crate::webhooks::DeliveryJob;
+use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
+use apalis_postgres::PostgresStorage;
+use apalis_sqlite::SqliteStorage;
+use offshoot_core::jobs::JobCounts;
+use offshoot_store::Backend;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Row;
+use std::str::FromStr;
+use std::time::Duration;
+use ulid::Ulid;
+
+/// The queue of fork backfills.
+pub const BACKFILL_QUEUE: &str = "offshoot.backfill";
+/// The queue of webhook deliveries.
+pub const WEBHOOK_QUEUE: &str = "offshoot.webhook";
+/// On SQLite apalis's migrations keep their own bookkeeping table, so the application's
+/// `_sqlx_migrations` lists only the application's migrations (on PostgreSQL apalis keeps
+/// `apalis._sqlx_migrations` in its own schema already).
+pub const SQLITE_APALIS_MIGRATIONS_TABLE: &str = "_apalis_migrations";
+/// Finished jobs are kept this long (apalis keeps them for ever), then removed.
+const KEEP_DONE: Duration = Duration::from_secs(3600);
+
+pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Typed pools on the application's database, which apalis needs (it cannot use the store's
+/// `Any` pool).
+#[derive(Clone, Debug)]
+pub enum Pools {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Pools {
+    /// Opens a small pool on `url` and applies apalis's migrations.
+    ///
+    /// SQLite: WAL, `synchronous = NORMAL` and a busy timeout like the store's pool. Not
+    /// `SqliteStorage::setup`, which would set `synchronous = OFF` on a pooled connection.
+    pub async fn connect(url: &str) -> Result<Pools, QueueError> {
+        match Backend::from_url(url) {
+            Backend::Sqlite => {
+                let options = SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal)
+                    .busy_timeout(Duration::from_secs(15));
+                let pool = SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?;
+                let mut migrator = SqliteStorage::<()>::migrations();
+                migrator.dangerous_set_table_name(SQLITE_APALIS_MIGRATIONS_TABLE);
+                migrator.run(&pool).await?;
+                Ok(Pools::Sqlite(pool))
+            }
+            Backend::Postgres => {
+                let pool = PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(30)).connect(url).await?;
+                // Everything in schema `apalis`, bookkept in `apalis._sqlx_migrations`. A fresh
+                // database gets the `hstore` and `pgcrypto` extensions (the user needs that right).
+                PostgresStorage::<()>::migrations().run(&pool).await?;
+                Ok(Pools::Postgres(pool))
+            }
+        }
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Pools::Sqlite(p) => p.close().await,
+            Pools::Postgres(p) => p.close().await,
+        }
+    }
+
+    /// Pushes jobs to `queue` in one transaction: all or none.
+    pub async fn push<T>(&self, queue: &str, jobs: Vec<(T, TaskId, Duration)>) -> Result<(), QueueError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static,
+    {
+        let tasks: Vec<_> = jobs.into_iter().map(|(args, id, after)| TaskBuilder::new(args).task_id(id).run_after(after).build()).collect();
+        let stream = futures_util::stream::iter(tasks);
+        // A storage per push: cheap, and a failed flush cannot leave tasks buffered for the next.
+        match self {
+            Pools::Sqlite(pool) => {
+                let mut s = SqliteStorage::<T>::new(pool).with_config(apalis_sqlite::Config::default().queue(queue));
+                s.push_all(stream).await.map_err(|e| format!("{e}"))?;
+            }
+            Pools::Postgres(pool) => {
+                let mut s = PostgresStorage::<T>::new(pool).with_config(apalis_postgres::Config::default().queue(queue));
+                s.push_all(stream).await.map_err(|e| format!("{e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes one backfill job for `fork_cid`, due after `after`.
+    pub async fn push_backfill(&self, job: BackfillJob, after: Duration) -> Result<(), QueueError> {
+        self.push(BACKFILL_QUEUE, vec![(job, TaskId::from(Ulid::generate()), after)]).await
+    }
+
+    /// Pushes deliveries, each under the job id given. Ids already present (another worker
+    /// queued the same events, or this one did before a crash) are skipped: the batch is
+    /// tried whole first, then one by one.
+    pub async fn push_deliveries(&self, jobs: Vec<(DeliveryJob, Ulid, Duration)>) -> Result<usize, QueueError> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let n = jobs.len();
+        let all: Vec<_> = jobs.iter().map(|(j, id, after)| (j.clone(), TaskId::from(*id), *after)).collect();
+        match self.push(WEBHOOK_QUEUE, all).await {
+            Ok(()) => Ok(n),
+            Err(e) if is_duplicate(&*e) => {
+                let mut pushed = 0;
+                for (job, id, after) in jobs {
+                    match self.push(WEBHOOK_QUEUE, vec![(job, TaskId::from(id), after)]).await {
+                        Ok(()) => pushed += 1,
+                        Err(e) if is_duplicate(&*e) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(pushed)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Arguments of the jobs of `queue` that are waiting or running.
+    pub async fn live_jobs<T: DeserializeOwned>(&self, queue: &str) -> Result<Vec<T>, QueueError> {
+        let raw: Vec<Vec<u8>> = match self {
+            Pools::Sqlite(pool) => sqlx::query("SELECT job FROM Jobs WHERE job_type = ?1 AND status IN ('Pending', 'Queued', 'Running')")
+                .bind(queue)
+                .fetch_all(pool)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<Vec<u8>, _>("job"))
+                .collect::<Result<_, _>>()?,
+            Pools::Postgres(pool) => {
+                sqlx::query("SELECT job FROM apalis.jobs WHERE job_type = $1 AND status IN ('Pending', 'Queued', 'Running')")
+                    .bind(queue)
+                    .fetch_all(pool)
+                    .await?
+                    .iter()
+                    .map(|r| r.try_get::<Vec<u8>, _>("job"))
+                    .collect::<Result<_, _>>()?
+            }
+        };
+        Ok(raw.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect())
+    }
+
+    /// Jobs of `queue` by state (`dead_lettered` is the caller's to fill in).
+    pub async fn counts(&self, queue: &str) -> Result<JobCounts, QueueError> {
+        let rows: Vec<(String, bool, i64)> = match self {
+            Pools::Sqlite(pool) => sqlx::query(
+                "SELECT status, run_at > CAST(strftime('%s', 'now') AS INTEGER) AS later, COUNT(*) AS n FROM Jobs WHERE job_type = ?1 GROUP BY 1, 2",
+            )
+            .bind(queue)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("status")?, r.try_get("later")?, r.try_get("n")?)))
+            .collect::<Result<_, sqlx::Error>>()?,
+            Pools::Postgres(pool) => sqlx::query(
+                "SELECT status, run_at > now() AS later, COUNT(*) AS n FROM apalis.jobs WHERE job_type = $1 GROUP BY 1, 2",
+            )
+            .bind(queue)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("status")?, r.try_get("later")?, r.try_get("n")?)))
+            .collect::<Result<_, sqlx::Error>>()?,
+        };
+        let mut c = JobCounts { queue: queue.to_string(), ..Default::default() };
+        for (status, later, n) in rows {
+            match status.as_str() {
+                "Pending" if later => c.retrying += n,
+                "Pending" | "Queued" => c.queued += n,
+                "Running" => c.running += n,
+                "Failed" | "Killed" => c.failed += n,
+                _ => {}
+            }
+        }
+        Ok(c)
+    }
+
+    /// Removes our queues' jobs that finished more than an hour ago.
+    pub async fn remove_finished(&self) -> Result<u64, QueueError> {
+        let n = match self {
+            Pools::Sqlite(pool) => sqlx::query(
+                "DELETE FROM Jobs WHERE job_type IN (?1, ?2) AND status = 'Done' AND done_at < CAST(strftime('%s', 'now') AS INTEGER) - ?3",
+            )
+            .bind(BACKFILL_QUEUE)
+            .bind(WEBHOOK_QUEUE)
+            .bind(KEEP_DONE.as_secs() as i64)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+            Pools::Postgres(pool) => sqlx::query(
+                "DELETE FROM apalis.jobs WHERE job_type IN ($1, $2) AND status = 'Done' AND done_at < now() - make_interval(secs => $3)",
+            )
+            .bind(BACKFILL_QUEUE)
+            .bind(WEBHOOK_QUEUE)
+            .bind(KEEP_DONE.as_secs_f64())
+            .execute(pool)
+            .await?
+            .rows_affected(),
+        };
+        Ok(n)
+    }
+}
+
+fn is_duplicate(e: &(dyn std::error::Error + Send + Sync)) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("unique") || text.contains("duplicate key")
+}
+
+/// The ULID with the same 128 bits as `id` (a delivery's `X-Webhook-Id`), so that queueing the
+/// same delivery twice collides on apalis's unique job id.
+pub fn ulid_of(id: uuid::Uuid) -> Ulid {
+    Ulid::from(id.as_u128())
+}
