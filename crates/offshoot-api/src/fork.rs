@@ -93,7 +93,10 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
     req.custom = input::limited(std::mem::take(&mut req.custom), "channel")?;
     let outcome = st.store.create_fork(&req).await?;
     if outcome.fork.status == ForkStatus::Backfilling {
-        st.fork_wake.notify_one();
+        // After the commit; a lost push only delays the backfill until the reconciler runs.
+        if let Err(e) = st.jobs.enqueue_backfill(&outcome.fork.channel_cid).await {
+            tracing::warn!(fork = %outcome.fork.channel_cid, error = %e.message, "queueing the backfill failed; the reconciler will queue it");
+        }
     }
     let page = page_of(obj_opt(&body, "messages")?, DEFAULT_MESSAGE_LIMIT)?;
     let mut state = channel_state(&st, &ctx, &outcome.channel, &page, DEFAULT_MEMBER_LIMIT).await?;

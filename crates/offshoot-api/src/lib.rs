@@ -12,6 +12,7 @@ mod ctx;
 mod error;
 mod fork;
 mod input;
+mod jobs;
 mod messages;
 mod state;
 
@@ -92,6 +93,9 @@ fn general_routes() -> Router<ApiState> {
         .route("/app", get(app::get_app).patch(app::update_app))
         .route("/guest", post(app::create_guest))
         .route("/tasks/{id}", get(fork::get_task))
+        .route("/jobs", get(jobs::job_counts))
+        .route("/webhooks/dead_letters", get(jobs::list_dead_letters))
+        .route("/webhooks/dead_letters/replay", post(jobs::replay_dead_letters))
         .route("/moderation/ban", post(app::ban_user).delete(app::unban_user))
 }
 

@@ -1,7 +1,7 @@
+use offshoot_core::jobs::Jobs;
 use offshoot_core::model::Watchers;
 use offshoot_store::Store;
 use std::sync::Arc;
-use tokio::sync::Notify;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -10,12 +10,12 @@ pub struct ApiState {
     pub api_key: Arc<str>,
     pub api_secret: Arc<str>,
     pub watchers: Arc<dyn Watchers>,
-    /// Wakes the backfill worker when a fork starts backfilling.
-    pub fork_wake: Arc<Notify>,
+    /// The job queue: a fork that starts backfilling is queued right after its commit.
+    pub jobs: Arc<dyn Jobs>,
 }
 
 impl ApiState {
-    pub fn new(store: Store, api_key: String, api_secret: String, watchers: Arc<dyn Watchers>, fork_wake: Arc<Notify>) -> Self {
-        ApiState { store, api_key: api_key.into(), api_secret: api_secret.into(), watchers, fork_wake }
+    pub fn new(store: Store, api_key: String, api_secret: String, watchers: Arc<dyn Watchers>, jobs: Arc<dyn Jobs>) -> Self {
+        ApiState { store, api_key: api_key.into(), api_secret: api_secret.into(), watchers, jobs }
     }
 }

@@ -45,7 +45,7 @@ impl Pools {
     /// SQLite: WAL, `synchronous = NORMAL` and a busy timeout like the store's pool. Not
     /// `SqliteStorage::setup`, which would set `synchronous = OFF` on a pooled connection.
     pub async fn connect(url: &str) -> Result<Pools, QueueError> {
-        match Backend::from_url(url) {
+        match Backend::from_url(url).map_err(|e| e.to_string())? {
             Backend::Sqlite => {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)

@@ -3,13 +3,14 @@
 //!
 //! Depends on every other crate; nothing depends on it but the binary and the test suites.
 
+pub mod cli;
+
 use anyhow::Context;
 use offshoot_core::model::{NoWatchers, Watchers};
 use offshoot_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Typed configuration. Secrets are redacted in `Debug`.
@@ -29,6 +30,9 @@ pub struct Config {
     pub event_retention: Duration,
     /// How often each process prunes the outbox.
     pub prune_interval: Duration,
+    /// Retry and heartbeat policies of the job queue (page size, page delay and poll interval
+    /// come from the fields above).
+    pub worker: offshoot_worker::WorkerConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +73,7 @@ impl std::fmt::Debug for Config {
             .field("backfill_page_size", &self.backfill_page_size)
             .field("backfill_page_delay", &self.backfill_page_delay)
             .field("event_retention", &self.event_retention)
+            .field("worker", &self.worker)
             .finish()
     }
 }
@@ -93,6 +98,7 @@ impl Default for Config {
             worker_poll_interval: Duration::from_secs(1),
             event_retention: Duration::from_secs(24 * 3600),
             prune_interval: Duration::from_secs(600),
+            worker: offshoot_worker::WorkerConfig::default(),
         }
     }
 }
@@ -133,7 +139,57 @@ impl Config {
         if let Some(v) = var("OFFSHOOT_BACKFILL_PAGE_DELAY_MS") {
             c.backfill_page_delay = Duration::from_millis(v.parse().context("OFFSHOOT_BACKFILL_PAGE_DELAY_MS must be a number")?);
         }
+        let number = |key: &str| -> anyhow::Result<Option<u64>> {
+            var(key).map(|v| v.parse::<u64>().with_context(|| format!("{key} must be a whole number"))).transpose()
+        };
+        if let Some(v) = number("OFFSHOOT_WORKER_POLL_MS")? {
+            c.worker_poll_interval = Duration::from_millis(v.max(10));
+        }
+        let w = &mut c.worker;
+        if let Some(v) = number("OFFSHOOT_WORKER_HEARTBEAT_SECS")? {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WORKER_HEARTBEAT_SECS must be positive");
+            w.heartbeat = Duration::from_secs(v);
+        }
+        if let Some(v) = number("OFFSHOOT_WORKER_RECONCILE_SECS")? {
+            w.reconcile_interval = Duration::from_secs(v.max(1));
+        }
+        if let Some(v) = number("OFFSHOOT_BACKFILL_MAX_ATTEMPTS")? {
+            anyhow::ensure!(v > 0, "OFFSHOOT_BACKFILL_MAX_ATTEMPTS must be positive");
+            w.backfill.max_attempts = v as u32;
+        }
+        if let Some(v) = number("OFFSHOOT_BACKFILL_BACKOFF_BASE_MS")? {
+            w.backfill.backoff_base = Duration::from_millis(v);
+        }
+        if let Some(v) = number("OFFSHOOT_BACKFILL_BACKOFF_MAX_SECS")? {
+            w.backfill.backoff_max = Duration::from_secs(v);
+        }
+        if let Some(v) = number("OFFSHOOT_WEBHOOK_RETRY_WINDOW_SECS")? {
+            w.webhooks.retry_window = Duration::from_secs(v);
+        }
+        if let Some(v) = number("OFFSHOOT_WEBHOOK_BACKOFF_BASE_MS")? {
+            w.webhooks.backoff_base = Duration::from_millis(v);
+        }
+        if let Some(v) = number("OFFSHOOT_WEBHOOK_BACKOFF_MAX_SECS")? {
+            w.webhooks.backoff_max = Duration::from_secs(v);
+        }
+        if let Some(v) = number("OFFSHOOT_WEBHOOK_TIMEOUT_MS")? {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WEBHOOK_TIMEOUT_MS must be positive");
+            w.webhooks.attempt_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = number("OFFSHOOT_WEBHOOK_CIRCUIT_THRESHOLD")? {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WEBHOOK_CIRCUIT_THRESHOLD must be positive");
+            w.webhooks.circuit_threshold = v as u32;
+        }
         Ok(c)
+    }
+
+    /// The worker's configuration with the backfill and polling fields applied.
+    pub fn worker_config(&self) -> offshoot_worker::WorkerConfig {
+        let mut w = self.worker.clone();
+        w.backfill.page_size = self.backfill_page_size;
+        w.backfill.page_delay = self.backfill_page_delay;
+        w.poll_interval = self.worker_poll_interval;
+        w
     }
 }
 
@@ -171,7 +227,9 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     } else {
         tracing::info!(api_key = %api_key, "app loaded");
     }
-    let fork_wake: Arc<Notify> = store.fork_notify();
+    // Every role pushes jobs (the API queues backfills), so every role opens the queue.
+    let queue =
+        offshoot_worker::Queue::connect(store.clone(), &config.database_url).await.map_err(|e| anyhow::anyhow!("opening the job queue: {e}"))?;
     let mut tasks = tokio::task::JoinSet::new();
     {
         let (st, s) = (store.clone(), shutdown.clone());
@@ -193,7 +251,7 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
             api_key.clone(),
             api_secret.clone(),
             watchers,
-            fork_wake.clone(),
+            Arc::new(queue.clone()),
         )));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
@@ -204,20 +262,15 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         tasks.spawn(async move { h.run(s).await });
     }
     if config.roles.worker {
-        let cfg = offshoot_worker::backfill::BackfillConfig {
-            page_size: config.backfill_page_size,
-            page_delay: config.backfill_page_delay,
-            poll_interval: config.worker_poll_interval,
-        };
-        tasks.spawn(offshoot_worker::backfill::run(store.clone(), cfg, fork_wake.clone(), shutdown.clone()));
-        tasks.spawn(offshoot_worker::webhooks::run(store.clone(), api_key.clone(), api_secret.clone(), shutdown.clone()));
+        let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.clone(), api_secret.clone(), shutdown.clone());
+        tasks.spawn(async move { offshoot_worker::run(q, c, k, sec, s).await });
     }
-
     tracing::info!(addr = %listener.local_addr()?, backend = store.backend().name(), roles = ?config.roles, "offshoot listening");
     let s = shutdown.clone();
     axum::serve(listener, router.into_make_service()).with_graceful_shutdown(async move { s.cancelled().await }).await?;
     // Background roles stop at the token; give them a bounded time to finish their page.
     let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
+    queue.close().await;
     store.close().await;
     Ok(())
 }

@@ -6,7 +6,10 @@ use tokio_util::sync::CancellationToken;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: offshoot serve [--config FILE] [--listen ADDR] [--database-url URL] [--roles api,ws,worker]\n\n\
+        "usage: offshoot serve [--config FILE] [--listen ADDR] [--database-url URL] [--roles api,ws,worker]\n\
+         \x20      offshoot dead-letters [list] [--limit N]      webhook deliveries given up on\n\
+         \x20      offshoot dead-letters replay (--all | ID...)  queue them again (same X-Webhook-Id)\n\
+         \x20      offshoot jobs                                 jobs per queue and state\n\n\
          Environment: OFFSHOOT_LISTEN (default 127.0.0.1:3000), DATABASE_URL (default sqlite://offshoot.db?mode=rwc),\n\
          OFFSHOOT_API_KEY / OFFSHOOT_API_SECRET (generated and stored on first start when unset), OFFSHOOT_ROLES,\n\
          OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG.\n\
@@ -21,8 +24,11 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into()))
         .init();
     let mut args = std::env::args().skip(1);
-    if args.next().as_deref() != Some("serve") {
-        usage();
+    match args.next().as_deref() {
+        Some("serve") => {}
+        Some("dead-letters") => return offshoot::cli::dead_letters(args.collect()).await,
+        Some("jobs") => return offshoot::cli::jobs().await,
+        _ => usage(),
     }
     let rest: Vec<String> = args.collect();
     // The config file comes first: flags override it and the environment.
