@@ -24,4 +24,5 @@ mod process;
 mod scale_out;
 mod visibility;
 mod webhooks;
+mod worker;
 mod ws;

@@ -198,3 +198,265 @@ async fn the_v2_webhook_dialect_sends_nanosecond_timestamps() {
     assert!(hook.body["message"]["created_at"].is_i64(), "{}", hook.body);
     assert_eq!(hook.header("x-signature"), signature(&hook.raw));
 }
+
+// --- the retry policy (apalis jobs) ------------------------------------------------------------
+
+/// A receiver whose answer can be changed while it runs.
+#[derive(Clone)]
+struct Switchable {
+    seen: mpsc::UnboundedSender<Hook>,
+    status: Arc<std::sync::atomic::AtomicU16>,
+    /// Answer the first attempt of every delivery this late (a receiver that times out).
+    slow_first: Option<std::time::Duration>,
+    ids: Arc<Mutex<HashSet<String>>>,
+}
+
+async fn answer(State(r): State<Switchable>, headers: HeaderMap, raw: Bytes) -> StatusCode {
+    let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let id = headers.get("x-webhook-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let first_time = r.ids.lock().expect("ids").insert(id);
+    let _ = r.seen.send(Hook { headers, raw, body });
+    if let Some(d) = r.slow_first.filter(|_| first_time) {
+        tokio::time::sleep(d).await;
+    }
+    StatusCode::from_u16(r.status.load(std::sync::atomic::Ordering::SeqCst)).expect("a status code")
+}
+
+struct Receiver2 {
+    url: String,
+    status: Arc<std::sync::atomic::AtomicU16>,
+    rx: mpsc::UnboundedReceiver<Hook>,
+}
+
+impl Receiver2 {
+    fn answer_with(&self, status: u16) {
+        self.status.store(status, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A switchable receiver on `listener`, answering `status` until told otherwise.
+fn switchable_on(listener: tokio::net::TcpListener, status: u16, slow_first: Option<std::time::Duration>) -> Receiver2 {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let status = Arc::new(std::sync::atomic::AtomicU16::new(status));
+    let state = Switchable { seen: tx, status: status.clone(), slow_first, ids: Arc::default() };
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let app = axum::Router::new().route("/hook", axum::routing::post(answer)).with_state(state);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Receiver2 { url, status, rx }
+}
+
+async fn switchable(status: u16) -> Receiver2 {
+    switchable_on(tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the receiver"), status, None)
+}
+
+/// A port where nothing listens yet (connections are refused), and its future webhook URL.
+fn closed_port() -> (u16, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    (port, format!("http://127.0.0.1:{port}/hook"))
+}
+
+async fn listen_on(port: u16) -> tokio::net::TcpListener {
+    tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind the receiver's port again")
+}
+
+/// Compressed retry timing for tests: `window` instead of 24 hours, pauses of 0.5..2 s.
+fn compressed(c: &mut offshoot::Config, window: std::time::Duration) {
+    c.worker.webhooks.retry_window = window;
+    c.worker.webhooks.backoff_base = std::time::Duration::from_millis(500);
+    c.worker.webhooks.backoff_max = std::time::Duration::from_secs(2);
+    c.worker.webhooks.circuit_threshold = 3;
+}
+
+/// Waits (bounded) for a dead letter matching `pred`; returns it.
+async fn wait_dead_letter(app: &Client, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = app.get("/webhooks/dead_letters", &app.server()).await.ok();
+        if let Some(d) = list["dead_letters"].as_array().and_then(|a| a.iter().find(|d| pred(d))) {
+            return d.clone();
+        }
+        assert!(Instant::now() < deadline, "no dead letter {what} within {WAIT:?}: {list}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_down_for_a_long_outage_receives_every_event_once_it_is_back() {
+    let app = TestApp::spawn_with(|c| compressed(c, std::time::Duration::from_secs(300))).await;
+    let (port, url) = closed_port();
+    app.patch("/app", &app.server(), json!({"webhook_url": url})).await.ok();
+    app.users(&["u1"]).await;
+    let cid = "agent:outage";
+    app.channel(cid, "u1", &["u1"]).await;
+
+    // The receiver is down (connections refused) while events happen, for many back-off rounds.
+    let mut sent = Vec::new();
+    for i in 0..12 {
+        sent.push(app.say(cid, "u1", &format!("during the outage {i}")).await);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let fork = app.fork(cid, &sent[11], "outage-fork").await.ok();
+    assert_eq!(fork["fork"]["status"], json!("completed"), "{fork}");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+
+    let mut receiver = switchable_on(listen_on(port).await, 200, None);
+    let mut log = Vec::new();
+    let mut retried = 0;
+    for m in &sent {
+        let hook = next_hook(&mut receiver.rx, &mut log, "sent during the outage", is_message_new(m)).await;
+        if hook.header("x-webhook-attempt") != "1" {
+            retried += 1;
+        }
+    }
+    next_hook(&mut receiver.rx, &mut log, "channel.forked", |h| h.body["type"] == json!("channel.forked")).await;
+    assert!(retried > 0, "the events of the outage arrive on later attempts");
+    let dead = app.get("/webhooks/dead_letters", &app.server()).await.ok();
+    assert_eq!(dead["dead_letters"], json!([]), "nothing was given up: {dead}");
+}
+
+#[tokio::test]
+async fn a_delivery_failing_past_its_retry_window_is_dead_lettered_and_a_replay_sends_it_with_the_same_webhook_id() {
+    let app = TestApp::spawn_with(|c| compressed(c, std::time::Duration::from_secs(3))).await;
+    let mut receiver = switchable(503).await;
+    app.patch("/app", &app.server(), json!({"webhook_url": receiver.url})).await.ok();
+    app.users(&["u1"]).await;
+    let cid = "agent:deadletter";
+    app.channel(cid, "u1", &["u1"]).await;
+
+    let m = app.say(cid, "u1", "never answered").await;
+
+    let mut log = Vec::new();
+    let first = next_hook(&mut receiver.rx, &mut log, "message.new", is_message_new(&m)).await;
+    let id = first.header("x-webhook-id").to_string();
+    let dead = wait_dead_letter(&app, "for the message", |d| d["id"] == json!(id)).await;
+    assert_eq!(dead["event_type"], json!("message.new"), "{dead}");
+    assert_eq!(dead["url"], json!(receiver.url), "{dead}");
+    assert!(dead["last_error"].as_str().unwrap_or_default().contains("503"), "{dead}");
+    let attempts = dead["attempts"].as_i64().expect("attempts");
+    assert!(attempts >= 2, "it was retried within the window before being given up: {dead}");
+    // The final attempt was the last one: nothing more arrives after the dead letter.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    while let Ok(h) = receiver.rx.try_recv() {
+        log.push(h);
+    }
+    let tries = log.iter().filter(|h| h.header("x-webhook-id") == id).count() as i64;
+    assert_eq!(tries, attempts, "as many requests as attempts recorded, and none after: {log:?}");
+    app.get("/webhooks/dead_letters", &app.user("u1")).await.err(403, 17);
+
+    receiver.answer_with(200);
+    let r = app.post("/webhooks/dead_letters/replay", &app.server(), json!({"ids": [id]})).await.ok();
+    assert_eq!(r["replayed"], json!(1), "{r}");
+
+    let again = next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    assert_eq!(again.header("x-webhook-attempt"), (attempts + 1).to_string(), "the attempt count goes on");
+    assert_eq!(again.raw, first.raw, "a replay sends the same body");
+    assert_eq!(again.header("x-signature"), signature(&again.raw));
+    let list = app.get("/webhooks/dead_letters", &app.server()).await.ok();
+    assert_eq!(list["dead_letters"], json!([]), "a replayed delivery leaves the dead letters: {list}");
+}
+
+#[tokio::test]
+async fn a_4xx_answer_is_not_retried_and_the_delivery_is_dead_lettered_at_once() {
+    let app = TestApp::spawn_with(|c| compressed(c, std::time::Duration::from_secs(300))).await;
+    let mut receiver = switchable(400).await;
+    app.patch("/app", &app.server(), json!({"webhook_url": receiver.url})).await.ok();
+    app.users(&["u1"]).await;
+    let cid = "agent:refused";
+    app.channel(cid, "u1", &["u1"]).await;
+
+    let m = app.say(cid, "u1", "refused").await;
+
+    let mut log = Vec::new();
+    let first = next_hook(&mut receiver.rx, &mut log, "message.new", is_message_new(&m)).await;
+    let id = first.header("x-webhook-id").to_string();
+    let dead = wait_dead_letter(&app, "for the refused message", |d| d["id"] == json!(id)).await;
+    assert_eq!(dead["attempts"], json!(1), "{dead}");
+    assert!(dead["last_error"].as_str().unwrap_or_default().contains("400"), "{dead}");
+    // Well past the first back-off (0.5..1 s): no second attempt.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    while let Ok(h) = receiver.rx.try_recv() {
+        log.push(h);
+    }
+    assert_eq!(log.iter().filter(|h| h.header("x-webhook-id") == id).count(), 1, "one attempt only: {log:?}");
+}
+
+#[tokio::test]
+async fn an_attempt_that_times_out_is_retried_with_the_same_webhook_id() {
+    let app = TestApp::spawn_with(|c| {
+        compressed(c, std::time::Duration::from_secs(300));
+        c.worker.webhooks.attempt_timeout = std::time::Duration::from_millis(500);
+    })
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the receiver");
+    let mut receiver = switchable_on(listener, 200, Some(std::time::Duration::from_secs(2)));
+    app.patch("/app", &app.server(), json!({"webhook_url": receiver.url})).await.ok();
+    app.users(&["u1"]).await;
+    let cid = "agent:slow";
+    app.channel(cid, "u1", &["u1"]).await;
+
+    let m = app.say(cid, "u1", "slow receiver").await;
+
+    let mut log = Vec::new();
+    let first = next_hook(&mut receiver.rx, &mut log, "message.new", is_message_new(&m)).await;
+    let id = first.header("x-webhook-id").to_string();
+    let second = next_hook(&mut receiver.rx, &mut log, "the retry", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    assert_eq!(second.header("x-webhook-attempt"), "2");
+}
+
+#[tokio::test]
+async fn deliveries_queued_while_the_receiver_is_down_survive_a_restart_of_the_server() {
+    let db = TestDb::create().await;
+    let env = [("OFFSHOOT_WEBHOOK_BACKOFF_BASE_MS", "500"), ("OFFSHOOT_WEBHOOK_BACKOFF_MAX_SECS", "1")];
+    let mut first = ServerProcess::start(&db, &env).await;
+    let (port, url) = closed_port();
+    first.patch("/app", &first.server(), json!({"webhook_url": url})).await.ok();
+    first.users(&["u1"]).await;
+    first.channel("agent:restarted", "u1", &["u1"]).await;
+    let m = first.say("agent:restarted", "u1", "before the restart").await;
+    // Let it be queued and tried at least once, then stop the server.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    first.kill();
+
+    let mut receiver = switchable_on(listen_on(port).await, 200, None);
+    let _second = ServerProcess::start(&db, &env).await;
+    let mut log = Vec::new();
+    let hook = next_hook(&mut receiver.rx, &mut log, "message.new after the restart", is_message_new(&m)).await;
+    assert_eq!(hook.header("x-signature"), signature(&hook.raw));
+}
+
+#[tokio::test]
+async fn the_cli_lists_dead_letters_and_replays_them() {
+    let db = TestDb::create().await;
+    let server = ServerProcess::start(&db, &[("OFFSHOOT_WEBHOOK_BACKOFF_BASE_MS", "500")]).await;
+    let mut receiver = switchable(410).await;
+    server.patch("/app", &server.server(), json!({"webhook_url": receiver.url})).await.ok();
+    server.users(&["u1"]).await;
+    server.channel("agent:cli", "u1", &["u1"]).await;
+    let m = server.say("agent:cli", "u1", "gone").await;
+    let mut log = Vec::new();
+    let first = next_hook(&mut receiver.rx, &mut log, "message.new", is_message_new(&m)).await;
+    let id = first.header("x-webhook-id").to_string();
+    wait_dead_letter(&server, "for the message", |d| d["id"] == json!(id)).await;
+
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(binary_path())
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("running the offshoot CLI");
+        assert!(out.status.success(), "offshoot {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let listed = cli(&["dead-letters"]);
+    assert!(listed.contains(&id) && listed.contains("message.new") && listed.contains("410"), "{listed}");
+    receiver.answer_with(200);
+    let replayed = cli(&["dead-letters", "replay", "--all"]);
+    assert!(replayed.contains("queued 1"), "{replayed}");
+    let again = next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    assert_eq!(again.header("x-webhook-attempt"), "2");
+    assert!(cli(&["dead-letters", "list"]).contains("no dead-lettered"), "replayed deliveries leave the list");
+    assert!(cli(&["jobs"]).contains("offshoot.webhook:"), "job counts print per queue");
+}

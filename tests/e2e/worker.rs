@@ -1,0 +1,154 @@
+//! The worker on apalis: failing backfills end `failed` after their attempts, several worker
+//! processes split the backfills and take over from one that is killed, job counts.
+
+use crate::helpers::*;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Runs SQL against the test's database (to inject faults, to look at apalis's tables).
+async fn execute(db: &TestDb, sql: &str) {
+    use sqlx::Connection;
+    match backend() {
+        Backend::Sqlite => {
+            let mut c = sqlx::SqliteConnection::connect(&db.url).await.expect("open the SQLite database");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let _ = c.close().await;
+        }
+        Backend::Postgres => {
+            let mut c = sqlx::PgConnection::connect(&db.url).await.expect("open the PostgreSQL database");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let _ = c.close().await;
+        }
+    }
+}
+
+/// Makes every insert of a copy into `fork_cid` of a message created before `before_ns` fail,
+/// as a database fault would.
+async fn inject_copy_fault(db: &TestDb, fork_cid: &str, before_ns: i64) {
+    let sql = match backend() {
+        Backend::Sqlite => format!(
+            "CREATE TRIGGER injected_fault BEFORE INSERT ON message WHEN NEW.cid = '{fork_cid}' AND NEW.created_at < {before_ns} \
+             BEGIN SELECT RAISE(ABORT, 'injected fault'); END;"
+        ),
+        Backend::Postgres => format!(
+            "CREATE FUNCTION injected_fault() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.cid = '{fork_cid}' AND NEW.created_at < {before_ns} THEN RAISE EXCEPTION 'injected fault'; END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER injected_fault BEFORE INSERT ON message FOR EACH ROW EXECUTE FUNCTION injected_fault();"
+        ),
+    };
+    execute(db, &sql).await;
+}
+
+fn queue<'a>(counts: &'a Value, name: &str) -> &'a Value {
+    counts["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == json!(name))).unwrap_or_else(|| panic!("no queue {name}: {counts}"))
+}
+
+#[tokio::test]
+async fn a_backfill_that_keeps_failing_ends_failed_after_its_attempts_and_keeps_what_it_copied() {
+    let app = TestApp::spawn_with(|c| {
+        c.worker.backfill.max_attempts = 3;
+        c.worker.backfill.backoff_base = Duration::from_millis(400);
+    })
+    .await;
+    app.users(&["u1"]).await;
+    app.channel("agent:faulty", "u1", &["u1"]).await;
+    let start = past_ns();
+    let m = app.seed("agent:faulty", "u1", "faulty", 150, start, 8).await;
+    // The newest page (the newest 100) is copied by the request; the 50 older ones fail.
+    inject_copy_fault(&app.db, "agent:faulty-fork", start + 50 * 1_000_000).await;
+
+    let started = Instant::now();
+    let r = app.fork("agent:faulty", &m[149], "faulty-fork").await.ok();
+    assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    let task_id = r["fork"]["task_id"].as_str().expect("a task id").to_string();
+    let done = app.wait_fork_finished("agent:faulty-fork").await;
+
+    assert_eq!(done["status"], json!("failed"), "{done}");
+    assert_eq!(done["failed_reason"], json!("backfill_error"), "{done}");
+    assert_eq!(done["copied_message_count"], json!(100), "a failed fork keeps the newest page it copied: {done}");
+    // Three attempts with back-off in between (at least half of 400 ms, then of 800 ms).
+    assert!(started.elapsed() >= Duration::from_millis(600), "the attempts were spaced by back-off: {:?}", started.elapsed());
+    assert_eq!(app.all_messages("agent:faulty-fork").await.len(), 100);
+    let task = app.get(&format!("/tasks/{task_id}"), &app.server()).await.ok();
+    assert_eq!(task["status"], json!("failed"), "{task}");
+    assert_eq!(task["error"]["type"], json!("backfill_error"), "{task}");
+    let counts = app.get("/jobs", &app.server()).await.ok();
+    assert_eq!(queue(&counts, "offshoot.backfill")["dead_lettered"], json!(1), "{counts}");
+    assert_eq!(queue(&counts, "offshoot.backfill")["queued"], json!(0), "nothing is left to retry: {counts}");
+}
+
+#[tokio::test]
+async fn job_counts_are_server_side_only() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    app.get("/jobs", &app.user("u1")).await.err(403, 17);
+    let counts = app.get("/jobs", &app.server()).await.ok();
+    for name in ["offshoot.backfill", "offshoot.webhook"] {
+        let q = queue(&counts, name);
+        for state in ["queued", "running", "retrying", "failed", "dead_lettered"] {
+            assert!(q[state].is_i64(), "{name}.{state}: {counts}");
+        }
+    }
+}
+
+/// Distinct workers holding a running backfill job (PostgreSQL).
+async fn busy_backfill_workers(db: &TestDb) -> HashSet<String> {
+    use sqlx::{Connection, Row};
+    let mut c = sqlx::PgConnection::connect(&db.url).await.expect("open the PostgreSQL database");
+    let rows = sqlx::query("SELECT DISTINCT lock_by FROM apalis.jobs WHERE job_type = 'offshoot.backfill' AND status = 'Running'")
+        .fetch_all(&mut c)
+        .await
+        .expect("read apalis.jobs");
+    let _ = c.close().await;
+    rows.iter().filter_map(|r| r.try_get::<Option<String>, _>("lock_by").ok().flatten()).collect()
+}
+
+#[tokio::test]
+async fn on_postgres_two_workers_split_eight_forks_and_when_one_is_killed_the_other_finishes_them() {
+    if backend() != Backend::Postgres {
+        eprintln!("PostgreSQL only (several worker processes need it): skipped on SQLite");
+        return;
+    }
+    let db = TestDb::create().await;
+    let env = [
+        ("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"),
+        ("OFFSHOOT_BACKFILL_PAGE_DELAY_MS", "150"),
+        ("OFFSHOOT_WORKER_HEARTBEAT_SECS", "2"),
+        ("OFFSHOOT_WORKER_POLL_MS", "200"),
+    ];
+    let first = ServerProcess::start(&db, &env).await;
+    let mut second = ServerProcess::start(&db, &[env.as_slice(), &[("OFFSHOOT_ROLES", "worker")]].concat()).await;
+    first.users(&["u1"]).await;
+    first.channel("agent:many", "u1", &["u1"]).await;
+    let m = first.seed("agent:many", "u1", "many", 300, past_ns(), 8).await;
+
+    let forks: Vec<String> = (0..8).map(|i| format!("many-fork-{i}")).collect();
+    for f in &forks {
+        let r = first.fork("agent:many", &m[299], f).await.ok();
+        assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    }
+    // Both processes take backfills (each runs 4 at a time).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let busy = busy_backfill_workers(&db).await;
+        if busy.len() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the two workers never ran backfills at the same time: {busy:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    second.kill();
+
+    for f in &forks {
+        let cid = format!("agent:{f}");
+        let done = first.wait_fork_finished(&cid).await;
+        assert_eq!(done["status"], json!("completed"), "{done}");
+        assert_eq!(done["copied_message_count"], json!(300), "{done}");
+        let all: Vec<String> = first.all_messages(&cid).await.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect();
+        assert_eq!(all.iter().collect::<HashSet<_>>().len(), all.len(), "no copy twice in {cid}");
+        let expected: Vec<String> = m.iter().map(|s| copy_id(&cid, s)).collect();
+        assert_eq!(all, expected, "every message of {cid} exactly once, in order");
+    }
+}
