@@ -12,7 +12,8 @@
 //!   second, on a server with every role;
 //! - the floor: one `INSERT … SELECT` copying the same 10,000 rows inside the database;
 //! - the message-id lookup of 1,000 ids (p50/p95);
-//! - the peak resident memory of the process during the 50,000-message run.
+//! - the peak resident memory of the process during the 50,000-message run;
+//! - webhook deliveries per second to a local receiver (2,000 `message.new`).
 //!
 //! It is a program that prints figures, not a test: nothing here fails on a slow machine.
 //! Depends on the `offshoot` crate (to run the server) and talks to the database only to seed
@@ -501,6 +502,10 @@ async fn bench_backfill(backend: Backend, args: &Args, report: &mut Report) -> R
     let outcome = match Server::start(&db.url(), offshoot::Roles::ALL).await {
         Ok(server) => {
             let runs = backfill_runs(&server, backend, args, report).await;
+            let runs = match runs {
+                Ok(()) => webhook_runs(&server, report).await,
+                Err(e) => Err(e),
+            };
             let stopped = server.stop().await;
             runs.and(stopped)
         }
@@ -598,6 +603,81 @@ async fn backfill_runs(server: &Server, backend: Backend, args: &Args, report: &
         ms(percentile(&sample, 95.0)),
         sample.len()
     ));
+    Ok(())
+}
+
+/// Messages sent for the webhook run.
+const WEBHOOK_MESSAGES: u64 = 2_000;
+
+/// A minimal HTTP/1.1 receiver on a loopback port that answers 200 to every request (keep-alive)
+/// and counts them. Returns its URL.
+async fn counting_receiver(count: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/hook", listener.local_addr()?);
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16 * 1024];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let len = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+                        if buf.len() < end + 4 + len {
+                            break;
+                        }
+                        buf.drain(..end + 4 + len);
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                            return;
+                        }
+                    }
+                    match sock.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    Ok(url)
+}
+
+/// Webhook deliveries per second: 2,000 messages sent 16 at a time, each delivered as
+/// `message.new` to a local receiver; timed from the first send to the last delivery.
+async fn webhook_runs(server: &Server, report: &mut Report) -> Result<()> {
+    use futures_util::StreamExt;
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let url = counting_receiver(count.clone()).await?;
+    server.call(reqwest::Method::PATCH, "/app", Some(&json!({"webhook_url": url}))).await?;
+    let started = Instant::now();
+    let sends = futures_util::stream::iter(0..WEBHOOK_MESSAGES)
+        .map(|i| {
+            let body = json!({"message": {"id": format!("hook-{i}"), "text": "a message for the webhook run", "user_id": USERS[0]}});
+            async move { server.call(reqwest::Method::POST, "/channels/agent/bf-src-1000/message", Some(&body)).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for r in sends {
+        r?;
+    }
+    let sent = started.elapsed();
+    let deadline = Instant::now() + COMPLETION_TIMEOUT;
+    while count.load(std::sync::atomic::Ordering::SeqCst) < WEBHOOK_MESSAGES {
+        ensure!(Instant::now() < deadline, "only {} of {WEBHOOK_MESSAGES} webhooks arrived", count.load(std::sync::atomic::Ordering::SeqCst));
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    let all = started.elapsed();
+    report.add(format!(
+        "webhooks: {WEBHOOK_MESSAGES} message.new delivered to a local receiver in {} from the first send ({:.0} deliveries/s; the sends took {})",
+        ms(all),
+        WEBHOOK_MESSAGES as f64 / all.as_secs_f64(),
+        ms(sent)
+    ));
+    server.call(reqwest::Method::PATCH, "/app", Some(&json!({"webhook_url": ""}))).await?;
     Ok(())
 }
 
