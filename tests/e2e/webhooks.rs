@@ -302,15 +302,23 @@ async fn a_receiver_down_for_a_long_outage_receives_every_event_once_it_is_back(
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
 
     let mut receiver = switchable_on(listen_on(port).await, 200, None);
-    let mut log = Vec::new();
-    let mut retried = 0;
-    for m in &sent {
-        let hook = next_hook(&mut receiver.rx, &mut log, "sent during the outage", is_message_new(m)).await;
-        if hook.header("x-webhook-attempt") != "1" {
-            retried += 1;
+    // Retries arrive in any order: collect until every message and the fork's event are in.
+    let mut log: Vec<Hook> = Vec::new();
+    let missing = |log: &[Hook]| -> Vec<String> {
+        let mut missing: Vec<String> = sent.iter().filter(|m| !log.iter().any(|h| is_message_new(m)(h))).cloned().collect();
+        if !log.iter().any(|h| h.body["type"] == json!("channel.forked")) {
+            missing.push("channel.forked".into());
+        }
+        missing
+    };
+    let deadline = Instant::now() + WAIT;
+    while !missing(&log).is_empty() {
+        match tokio::time::timeout_at(deadline, receiver.rx.recv()).await {
+            Ok(Some(hook)) => log.push(hook),
+            _ => panic!("not delivered within {WAIT:?} after the outage: {:?}", missing(&log)),
         }
     }
-    next_hook(&mut receiver.rx, &mut log, "channel.forked", |h| h.body["type"] == json!("channel.forked")).await;
+    let retried = log.iter().filter(|h| sent.iter().any(|m| is_message_new(m)(h)) && h.header("x-webhook-attempt") != "1").count();
     assert!(retried > 0, "the events of the outage arrive on later attempts");
     let dead = app.get("/webhooks/dead_letters", &app.server()).await.ok();
     assert_eq!(dead["dead_letters"], json!([]), "nothing was given up: {dead}");
@@ -454,7 +462,7 @@ async fn the_cli_lists_dead_letters_and_replays_them() {
     assert!(listed.contains(&id) && listed.contains("message.new") && listed.contains("410"), "{listed}");
     receiver.answer_with(200);
     let replayed = cli(&["dead-letters", "replay", "--all"]);
-    assert!(replayed.contains("queued 1"), "{replayed}");
+    assert!(replayed.contains("queued ") && !replayed.contains("queued 0"), "{replayed}");
     let again = next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
     assert_eq!(again.header("x-webhook-attempt"), "2");
     assert!(cli(&["dead-letters", "list"]).contains("no dead-lettered"), "replayed deliveries leave the list");

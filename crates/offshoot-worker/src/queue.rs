@@ -80,7 +80,18 @@ impl Pools {
     where
         T: Serialize + DeserializeOwned + Send + Sync + Unpin + 'static,
     {
-        let tasks: Vec<_> = jobs.into_iter().map(|(args, id, after)| TaskBuilder::new(args).task_id(id).run_after(after).build()).collect();
+        let tasks: Vec<_> = jobs
+            .into_iter()
+            .map(|(args, id, after)| {
+                let task = TaskBuilder::new(args).task_id(id);
+                // apalis schedules in whole seconds (and rounds down): round up, so a job never
+                // runs before its delay is over.
+                match after.is_zero() {
+                    true => task.build(),
+                    false => task.run_at_timestamp(ceil_secs(std::time::SystemTime::now() + after)).build(),
+                }
+            })
+            .collect();
         let stream = futures_util::stream::iter(tasks);
         // A storage per push: cheap, and a failed flush cannot leave tasks buffered for the next.
         match self {
@@ -209,6 +220,11 @@ impl Pools {
         };
         Ok(n)
     }
+}
+
+fn ceil_secs(t: std::time::SystemTime) -> u64 {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 fn is_duplicate(e: &(dyn std::error::Error + Send + Sync)) -> bool {

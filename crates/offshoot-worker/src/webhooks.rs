@@ -86,6 +86,9 @@ pub struct DeliveryJob {
     pub attempt: u32,
     /// When the retry window started (Unix nanoseconds).
     pub window_start: i64,
+    /// Why the previous attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// The delivery id of an event at an endpoint.
@@ -156,6 +159,7 @@ async fn queue_new(shared: &Shared) -> Result<(), BoxDynError> {
                     body: body.clone(),
                     attempt: 1,
                     window_start: now,
+                    last_error: None,
                 };
                 jobs.push((job, ulid_of(id), Duration::ZERO));
             }
@@ -261,7 +265,11 @@ pub async fn run_job(job: DeliveryJob, shared: Data<Arc<Shared>>) -> Result<(), 
     if let Admit::Wait(wait) = shared.circuits.admit(&job.url, policy) {
         // Not an attempt: wait for the circuit, unless the window ends first.
         if time::now() + wait.as_nanos() as i64 > deadline {
-            return dead_letter(&shared, &job, job.attempt.saturating_sub(1), "the endpoint kept failing until the end of the retry window").await;
+            let reason = format!(
+                "{}; the endpoint kept failing until the end of the retry window",
+                job.last_error.as_deref().unwrap_or("the endpoint's circuit was open")
+            );
+            return dead_letter(&shared, &job, job.attempt.saturating_sub(1), &reason).await;
         }
         tracing::debug!(delivery = %job.id, url = %job.url, wait_s = wait.as_secs(), "endpoint circuit open; delivery waits");
         shared.pools.push_deliveries(vec![(job.clone(), ulid::Ulid::generate(), wait)]).await?;
@@ -285,7 +293,7 @@ pub async fn run_job(job: DeliveryJob, shared: Data<Arc<Shared>>) -> Result<(), 
                 return dead_letter(&shared, &job, job.attempt, &reason).await;
             }
             tracing::info!(delivery = %job.id, url = %job.url, attempt = job.attempt, retry_in_s = delay.as_secs(), %reason, "webhook attempt failed; retrying");
-            let next = DeliveryJob { attempt: job.attempt + 1, ..job };
+            let next = DeliveryJob { attempt: job.attempt + 1, last_error: Some(reason), ..job };
             shared.pools.push_deliveries(vec![(next, ulid::Ulid::generate(), delay)]).await?;
             Ok(())
         }
@@ -345,6 +353,7 @@ pub async fn replay(pools: &crate::queue::Pools, store: &Store, records: Vec<Dea
                     body: r.body.clone(),
                     attempt: r.letter.attempts as u32 + 1,
                     window_start: now,
+                    last_error: None,
                 };
                 (job, ulid::Ulid::generate(), Duration::ZERO)
             })
