@@ -362,7 +362,8 @@ async fn a_delivery_failing_past_its_retry_window_is_dead_lettered_and_a_replay_
     let r = app.post("/webhooks/dead_letters/replay", &app.server(), json!({"ids": [id]})).await.ok();
     assert_eq!(r["replayed"], json!(1), "{r}");
 
-    let again = next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    let again =
+        next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
     assert_eq!(again.header("x-webhook-attempt"), (attempts + 1).to_string(), "the attempt count goes on");
     assert_eq!(again.raw, first.raw, "a replay sends the same body");
     assert_eq!(again.header("x-signature"), signature(&again.raw));
@@ -415,7 +416,8 @@ async fn an_attempt_that_times_out_is_retried_with_the_same_webhook_id() {
     let mut log = Vec::new();
     let first = next_hook(&mut receiver.rx, &mut log, "message.new", is_message_new(&m)).await;
     let id = first.header("x-webhook-id").to_string();
-    let second = next_hook(&mut receiver.rx, &mut log, "the retry", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    let second =
+        next_hook(&mut receiver.rx, &mut log, "the retry", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
     assert_eq!(second.header("x-webhook-attempt"), "2");
 }
 
@@ -469,7 +471,8 @@ async fn the_cli_lists_dead_letters_and_replays_them() {
     receiver.answer_with(200);
     let replayed = cli(&["dead-letters", "replay", "--all"]);
     assert!(replayed.contains("queued ") && !replayed.contains("queued 0"), "{replayed}");
-    let again = next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
+    let again =
+        next_hook(&mut receiver.rx, &mut log, "the replay", |h| h.headers.get("x-webhook-id").is_some_and(|v| v == id.as_str())).await;
     assert_eq!(again.header("x-webhook-attempt"), "2");
     assert!(cli(&["dead-letters", "list"]).contains("no dead-lettered"), "replayed deliveries leave the list");
     assert!(cli(&["jobs"]).contains("offshoot.webhook:"), "job counts print per queue");

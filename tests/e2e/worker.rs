@@ -42,7 +42,10 @@ async fn inject_copy_fault(db: &TestDb, fork_cid: &str, before_ns: i64) {
 }
 
 fn queue<'a>(counts: &'a Value, name: &str) -> &'a Value {
-    counts["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == json!(name))).unwrap_or_else(|| panic!("no queue {name}: {counts}"))
+    counts["queues"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["queue"] == json!(name)))
+        .unwrap_or_else(|| panic!("no queue {name}: {counts}"))
 }
 
 #[tokio::test]

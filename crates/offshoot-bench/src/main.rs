@@ -624,7 +624,11 @@ async fn counting_receiver(count: std::sync::Arc<std::sync::atomic::AtomicU64>) 
                 loop {
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let len = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+                        let len = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
                         if buf.len() < end + 4 + len {
                             break;
                         }
@@ -667,7 +671,11 @@ async fn webhook_runs(server: &Server, report: &mut Report) -> Result<()> {
     let sent = started.elapsed();
     let deadline = Instant::now() + COMPLETION_TIMEOUT;
     while count.load(std::sync::atomic::Ordering::SeqCst) < WEBHOOK_MESSAGES {
-        ensure!(Instant::now() < deadline, "only {} of {WEBHOOK_MESSAGES} webhooks arrived", count.load(std::sync::atomic::Ordering::SeqCst));
+        ensure!(
+            Instant::now() < deadline,
+            "only {} of {WEBHOOK_MESSAGES} webhooks arrived",
+            count.load(std::sync::atomic::Ordering::SeqCst)
+        );
         tokio::time::sleep(POLL_INTERVAL).await;
     }
     let all = started.elapsed();

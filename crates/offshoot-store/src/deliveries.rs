@@ -75,7 +75,10 @@ impl Store {
     pub async fn dead_letters_by_id(&self, ids: &[String]) -> Result<Vec<DeadLetterRecord>> {
         let mut out = Vec::new();
         for chunk in ids.chunks(500) {
-            let sql = format!("SELECT {COLS} FROM webhook_dead_letter WHERE id IN ({}) ORDER BY created_at, id", crate::rows::placeholders(1, chunk.len()));
+            let sql = format!(
+                "SELECT {COLS} FROM webhook_dead_letter WHERE id IN ({}) ORDER BY created_at, id",
+                crate::rows::placeholders(1, chunk.len())
+            );
             let mut q = sqlx::query(AssertSqlSafe(sql));
             for id in chunk {
                 q = q.bind(id.clone());

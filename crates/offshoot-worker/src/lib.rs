@@ -142,7 +142,10 @@ fn internal(what: &str, e: QueueError) -> Error {
 impl Jobs for Queue {
     fn enqueue_backfill<'a>(&'a self, fork_cid: &'a str) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            self.pools.push_backfill(BackfillJob::new(fork_cid), Duration::ZERO).await.map_err(|e| internal("queueing a backfill failed", e))
+            self.pools
+                .push_backfill(BackfillJob::new(fork_cid), Duration::ZERO)
+                .await
+                .map_err(|e| internal("queueing a backfill failed", e))
         })
     }
 
@@ -176,7 +179,8 @@ pub struct Shared {
 /// Runs the worker role until `shutdown`: the apalis workers of both queues, the webhook
 /// queueing relay and the reconciler. In-flight jobs get a bounded time to finish.
 pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret: String, shutdown: CancellationToken) {
-    let http = match reqwest::Client::builder().timeout(config.webhooks.attempt_timeout).redirect(reqwest::redirect::Policy::none()).build() {
+    let http = match reqwest::Client::builder().timeout(config.webhooks.attempt_timeout).redirect(reqwest::redirect::Policy::none()).build()
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the webhook HTTP client; the worker is off");
@@ -254,7 +258,8 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
                 apalis_postgres::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
             };
             // LISTEN/NOTIFY wakes an idle worker at once; the interval catches what it missed.
-            let strategy = move |pool: &sqlx::PgPool, queue: &str| Strategy::new().stream(Pubsub::new(pool.clone(), queue.to_string())).interval(poll);
+            let strategy =
+                move |pool: &sqlx::PgPool, queue: &str| Strategy::new().stream(Pubsub::new(pool.clone(), queue.to_string())).interval(poll);
             let (p1, s1, name1) = (pool.clone(), shared.clone(), format!("backfill-{instance}"));
             let (p2, s2, name2) = (pool.clone(), shared.clone(), format!("webhook-{instance}"));
             monitor

@@ -52,7 +52,8 @@ impl Pools {
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
                     .busy_timeout(Duration::from_secs(15));
-                let pool = SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?;
+                let pool =
+                    SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?;
                 let mut migrator = SqliteStorage::<()>::migrations();
                 migrator.dangerous_set_table_name(SQLITE_APALIS_MIGRATIONS_TABLE);
                 migrator.run(&pool).await?;

@@ -228,8 +228,9 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         tracing::info!(api_key = %api_key, "app loaded");
     }
     // Every role pushes jobs (the API queues backfills), so every role opens the queue.
-    let queue =
-        offshoot_worker::Queue::connect(store.clone(), &config.database_url).await.map_err(|e| anyhow::anyhow!("opening the job queue: {e}"))?;
+    let queue = offshoot_worker::Queue::connect(store.clone(), &config.database_url)
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the job queue: {e}"))?;
     let mut tasks = tokio::task::JoinSet::new();
     {
         let (st, s) = (store.clone(), shutdown.clone());
