@@ -14,6 +14,8 @@ mod support;
 mod app_and_users;
 #[path = "conformance/channels.rs"]
 mod channels;
+#[path = "conformance/dead_letters.rs"]
+mod dead_letters;
 #[path = "conformance/forks.rs"]
 mod forks;
 #[path = "conformance/messages.rs"]
