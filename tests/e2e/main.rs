@@ -20,6 +20,7 @@ mod dialects;
 mod fidelity;
 mod fork;
 mod hardening;
+mod operating;
 mod process;
 mod scale_out;
 mod visibility;

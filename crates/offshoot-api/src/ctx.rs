@@ -94,6 +94,7 @@ impl FromRequestParts<ApiState> for Ctx {
         let auth_type = header("stream-auth-type").or(query.get("stream-auth-type").map(String::as_str)).unwrap_or("jwt");
         let authorization = header("authorization").filter(|a| !a.is_empty());
         if auth_type == "anonymous" && authorization.is_none() {
+            crate::ops::record_caller("anonymous");
             return Ok(Ctx { viewer: Viewer::Anonymous { id: offshoot_core::ids::new_id() }, user: None, dialect, query });
         }
         let Some(raw) = authorization else {
@@ -107,8 +108,10 @@ impl FromRequestParts<ApiState> for Ctx {
         let now = offshoot_core::time::now() / 1_000_000_000;
         let claims = token::verify(raw, &state.api_secret, now)?;
         let Some(uid) = claims.user_id.clone() else {
+            crate::ops::record_caller("server");
             return Ok(Ctx { viewer: Viewer::Server, user: None, dialect, query });
         };
+        crate::ops::record_caller(&uid);
         let settings = state.store.app_settings().await?;
         if settings.revoke_tokens_issued_before.is_some_and(|before| claims.issued_before(before)) {
             return Err(Error::new(ErrorKind::Auth, "the token was revoked").into());
@@ -131,7 +134,7 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError(Error::new(ErrorKind::PayloadTooBig, format!("the request body is larger than {} bytes", crate::MAX_BODY)))
+                ApiError(Error::new(ErrorKind::PayloadTooBig, "the request body is over the size limit"))
             } else {
                 ApiError(Error::input(format!("the request body could not be read: {e}")))
             }

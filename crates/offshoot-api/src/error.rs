@@ -1,10 +1,11 @@
 //! Stream's error envelope for every error: `code`, `message`, `StatusCode`, `duration`,
 //! `more_info`, `details`, `exception_fields`, `unrecoverable`.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use offshoot_core::render::{error_body, ErrorCode};
 use offshoot_core::{Error, ErrorKind};
-use serde_json::json;
+use std::collections::BTreeMap;
 
 #[derive(Debug)]
 pub struct ApiError(pub Error);
@@ -23,6 +24,15 @@ impl From<offshoot_store::StoreError> for ApiError {
     }
 }
 
+/// An error answer with Stream's envelope; the code also goes into the response's extensions
+/// for the request log.
+pub fn envelope(status: StatusCode, code: i64, message: &str, fields: &BTreeMap<String, String>) -> Response {
+    let body = error_body(code, status.as_u16(), message, &crate::duration(), fields);
+    let mut response = (status, axum::Json(body)).into_response();
+    response.extensions_mut().insert(ErrorCode(code));
+    response
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let e = self.0;
@@ -30,20 +40,10 @@ impl IntoResponse for ApiError {
         if e.kind == ErrorKind::Internal {
             tracing::error!(message = %e.message, "internal error");
         }
-        let body = json!({
-            "code": e.kind.code(),
-            "message": e.message,
-            "StatusCode": e.kind.status(),
-            "duration": crate::duration(),
-            "more_info": "https://getstream.io/chat/docs/api_errors_response",
-            "details": [],
-            "exception_fields": e.fields,
-            "unrecoverable": false,
-        });
-        let mut response = (status, axum::Json(body)).into_response();
+        let mut response = envelope(status, e.kind.code(), &e.message, &e.fields);
         if e.kind == ErrorKind::Unavailable {
             // Nothing was written: the client may send the same request again.
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

@@ -14,6 +14,8 @@ mod fork;
 mod input;
 mod jobs;
 mod messages;
+mod openapi;
+pub mod ops;
 mod state;
 
 pub use error::ApiError;
@@ -22,10 +24,11 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{header, HeaderName, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::get;
 use axum::Router;
 use offshoot_core::render::Dialect;
 use offshoot_store::Store;
+use openapi::{Doc, Routes};
 use std::time::Instant;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{Any, CorsLayer};
@@ -46,73 +49,181 @@ pub(crate) fn duration() -> String {
 }
 
 /// Routes of chat resources: mounted at `/` (legacy) and `/api/v2/chat` (v2).
-fn chat_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/channels", post(channels::query_channels))
-        .route("/channels/delete", post(channels::delete_channels))
-        .route("/channels/{type}/query", post(channels::query_distinct_channel))
-        .route("/channels/{type}/{id}/query", post(channels::query_channel))
-        .route(
+fn chat_routes() -> Routes<ApiState> {
+    use openapi::{ForkLineage, ForkLookupRequest, ForkLookupResponse, ForkRequest, ForkResponse};
+    use utoipa::openapi::schema::Type;
+    let ch = |s| Doc::new("channels", s);
+    let msg = |s| Doc::new("messages", s);
+    let fork = |s| Doc::new("fork", s);
+    Routes::new()
+        .op(Method::POST, "/channels", channels::query_channels, ch("Query channels").body())
+        .op(Method::POST, "/channels/delete", channels::delete_channels, ch("Delete channels").body())
+        .op(
+            Method::POST,
+            "/channels/{type}/query",
+            channels::query_distinct_channel,
+            ch("Get or create a distinct channel (by members)").body(),
+        )
+        .op(Method::POST, "/channels/{type}/{id}/query", channels::query_channel, ch("Get or create a channel, optionally watch it").body())
+        .op(Method::POST, "/channels/{type}/{id}", channels::update_channel, ch("Update a channel").body())
+        .op(Method::PATCH, "/channels/{type}/{id}", channels::partial_update_channel, ch("Partially update a channel (set/unset)").body())
+        .op(
+            Method::DELETE,
             "/channels/{type}/{id}",
-            post(channels::update_channel)
-                .patch(channels::partial_update_channel)
-                .delete(channels::delete_channel)
-                .get(channels::get_channel),
+            channels::delete_channel,
+            ch("Delete a channel").query("hard_delete", Type::Boolean, "Delete for good"),
         )
-        .route("/channels/{type}/{id}/message", post(messages::send_message))
-        .route("/channels/{type}/{id}/truncate", post(channels::truncate_channel))
-        .route("/channels/{type}/{id}/rewind", post(channels::rewind_channel))
-        .route("/channels/{type}/{id}/read", post(channels::mark_read))
-        .route("/channels/{type}/{id}/event", post(channels::send_event))
-        .route("/channels/{type}/{id}/stop-watching", post(channels::stop_watching))
-        .route("/channels/{type}/{id}/fork", post(fork::fork_channel))
-        .route("/channels/{type}/{id}/fork/message_ids", post(fork::lookup_fork_message_ids))
-        .route("/channels/{type}/{id}/forks", get(fork::list_forks))
-        .route(
+        .op(Method::GET, "/channels/{type}/{id}", channels::get_channel, ch("Get a channel"))
+        .op(Method::POST, "/channels/{type}/{id}/message", messages::send_message, msg("Send a message").body())
+        .op(Method::POST, "/channels/{type}/{id}/truncate", channels::truncate_channel, ch("Truncate a channel").body())
+        .op(Method::POST, "/channels/{type}/{id}/rewind", channels::rewind_channel, ch("Rewind an agent channel to a message").body())
+        .op(Method::POST, "/channels/{type}/{id}/read", channels::mark_read, ch("Mark a channel read").body())
+        .op(Method::POST, "/channels/{type}/{id}/event", channels::send_event, ch("Send an event (typing, AI state, custom)").body())
+        .op(Method::POST, "/channels/{type}/{id}/stop-watching", channels::stop_watching, ch("Stop watching a channel").body())
+        .op(
+            Method::POST,
+            "/channels/{type}/{id}/fork",
+            fork::fork_channel,
+            fork("Fork an agent channel at a message").body_of::<ForkRequest>().ok_of::<ForkResponse>(),
+        )
+        .op(
+            Method::POST,
+            "/channels/{type}/{id}/fork/message_ids",
+            fork::lookup_fork_message_ids,
+            fork("Look up the copy ids of source messages in a fork").body_of::<ForkLookupRequest>().ok_of::<ForkLookupResponse>(),
+        )
+        .op(
+            Method::GET,
+            "/channels/{type}/{id}/forks",
+            fork::list_forks,
+            fork("The lineage of a channel: its forks and its own source")
+                .ok_of::<ForkLineage>()
+                .query("limit", Type::Integer, "1..100, default 25")
+                .query("offset", Type::Integer, "default 0"),
+        )
+        .op(Method::GET, "/messages/{id}", messages::get_message, msg("Get a message"))
+        .op(Method::POST, "/messages/{id}", messages::update_message, msg("Update a message").body())
+        .op(Method::PUT, "/messages/{id}", messages::partial_update_message, msg("Partially update a message (set/unset)").body())
+        .op(
+            Method::DELETE,
             "/messages/{id}",
-            get(messages::get_message)
-                .post(messages::update_message)
-                .put(messages::partial_update_message)
-                .delete(messages::delete_message),
+            messages::delete_message,
+            msg("Delete a message").query("hard", Type::Boolean, "Delete for good"),
         )
-        .route("/messages/{id}/ephemeral", axum::routing::patch(messages::ephemeral_update))
-        .route("/messages/{id}/replies", get(messages::get_replies))
-        .route("/messages/{id}/reaction", post(messages::send_reaction))
-        .route("/messages/{id}/reaction/{type}", delete(messages::delete_reaction))
-        .route("/messages/{id}/reactions", get(messages::get_reactions))
-        .route("/threads", post(messages::query_threads))
-        .route("/threads/{id}", get(messages::get_thread))
-        .route("/channeltypes", get(app::list_channel_types))
-        .route("/channeltypes/{name}", get(app::get_channel_type).put(app::put_channel_type))
+        .op(Method::PATCH, "/messages/{id}/ephemeral", messages::ephemeral_update, msg("Broadcast an ephemeral message update").body())
+        .op(Method::GET, "/messages/{id}/replies", messages::get_replies, msg("Replies of a message"))
+        .op(Method::POST, "/messages/{id}/reaction", messages::send_reaction, msg("Send a reaction").body())
+        .op(
+            Method::DELETE,
+            "/messages/{id}/reaction/{type}",
+            messages::delete_reaction,
+            msg("Delete a reaction").query("user_id", Type::String, "Server-side: whose reaction"),
+        )
+        .op(Method::GET, "/messages/{id}/reactions", messages::get_reactions, msg("Reactions of a message"))
+        .op(Method::POST, "/threads", messages::query_threads, msg("Query threads").body())
+        .op(Method::GET, "/threads/{id}", messages::get_thread, msg("Get a thread"))
+        .op(Method::GET, "/channeltypes", app::list_channel_types, Doc::new("app", "List channel types"))
+        .op(Method::GET, "/channeltypes/{name}", app::get_channel_type, Doc::new("app", "Get a channel type"))
+        .op(Method::PUT, "/channeltypes/{name}", app::put_channel_type, Doc::new("app", "Create or update a channel type").body())
 }
 
 /// Routes outside chat: mounted at `/` and `/api/v2`.
-fn general_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/users", post(app::upsert_users).patch(app::partial_update_users).get(app::query_users))
-        .route("/app", get(app::get_app).patch(app::update_app))
-        .route("/guest", post(app::create_guest))
-        .route("/tasks/{id}", get(fork::get_task))
-        .route("/jobs", get(jobs::job_counts))
-        .route("/webhooks/dead_letters", get(jobs::list_dead_letters))
-        .route("/webhooks/dead_letters/replay", post(jobs::replay_dead_letters))
-        .route("/moderation/ban", post(app::ban_user).delete(app::unban_user))
+fn general_routes() -> Routes<ApiState> {
+    use openapi::TaskResponse;
+    use utoipa::openapi::schema::Type;
+    let users = |s| Doc::new("users", s);
+    let app = |s| Doc::new("app", s);
+    Routes::new()
+        .op(Method::POST, "/users", app::upsert_users, users("Create or replace users").body())
+        .op(Method::PATCH, "/users", app::partial_update_users, users("Partially update users").body())
+        .op(
+            Method::GET,
+            "/users",
+            app::query_users,
+            users("Query users").query("payload", Type::String, "JSON: filter_conditions, sort, limit, offset"),
+        )
+        .op(Method::GET, "/app", app::get_app, app("Get the app settings"))
+        .op(Method::PATCH, "/app", app::update_app, app("Update the app settings (webhooks, fork_enabled, …)").body())
+        .op(Method::POST, "/guest", app::create_guest, users("Create a guest user and its token").body())
+        .op(
+            Method::GET,
+            "/tasks/{id}",
+            fork::get_task,
+            Doc::new("fork", "A task: the backfill of a fork, with its progress").ok_of::<TaskResponse>(),
+        )
+        .op(Method::GET, "/jobs", jobs::job_counts, Doc::new("worker", "Queue jobs per state (server-side)"))
+        .op(
+            Method::GET,
+            "/webhooks/dead_letters",
+            jobs::list_dead_letters,
+            Doc::new("worker", "Dead-lettered webhook deliveries (server-side)"),
+        )
+        .op(
+            Method::POST,
+            "/webhooks/dead_letters/replay",
+            jobs::replay_dead_letters,
+            Doc::new("worker", "Replay dead-lettered webhook deliveries: {ids} or {all: true}").body(),
+        )
+        .op(Method::POST, "/moderation/ban", app::ban_user, users("Ban a user").body())
+        .op(
+            Method::DELETE,
+            "/moderation/ban",
+            app::unban_user,
+            users("Lift a user's bans").query("target_user_id", Type::String, "The banned user"),
+        )
+}
+
+/// Every API route, in both dialects, with the document that describes them (and the
+/// process's own endpoints: health, metrics, this document).
+fn api_routes() -> Routes<ApiState> {
+    Routes::new().merge(chat_routes()).merge(general_routes()).nest("/api/v2/chat", chat_routes()).nest("/api/v2", general_routes())
+}
+
+/// The OpenAPI 3.1 document of every route [`router`] serves, and of `/healthz`,
+/// `/metrics`, `/openapi.json`, `/connect` and `/api/v2/connect`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_routes().merge(ops_docs()).into_parts().1
+}
+
+/// Documentation of the routes served outside the API router (health, metrics, WebSocket,
+/// this document), so the document lists every path of a full process.
+fn ops_docs() -> Routes<ApiState> {
+    async fn unreachable() {}
+    let ops = |s| Doc::new("operating", s);
+    Routes::new()
+        .op(Method::GET, "/healthz", unreachable, ops("Readiness: 200 once the database answers").public(openapi::health_schema()))
+        .op(Method::GET, "/metrics", unreachable, ops("Prometheus metrics (text format)").public(openapi::any_schema()))
+        .op(Method::GET, "/openapi.json", unreachable, ops("This document").public(openapi::any_schema()))
+        .op(
+            Method::GET,
+            "/connect",
+            unreachable,
+            Doc::new("websocket", "WebSocket (legacy dialect): upgrade with ?json=…&api_key=…&authorization=…"),
+        )
+        .op(
+            Method::GET,
+            "/api/v2/connect",
+            unreachable,
+            Doc::new("websocket", "WebSocket (v2 dialect): upgrade with ?api_key=…, token in the first frame"),
+        )
+}
+
+/// Every (method, path) the API router serves, for tests that hold it against the document.
+pub fn api_operations() -> Vec<(Method, String)> {
+    api_routes().operations()
 }
 
 pub fn router(state: ApiState) -> Router {
     let store = state.store.clone();
-    let api = Router::new()
-        .merge(chat_routes())
-        .merge(general_routes())
-        .nest("/api/v2/chat", chat_routes())
-        .nest("/api/v2", general_routes())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state);
+    let max_body = state.max_body;
+    let (routes, _) = api_routes().into_parts();
+    let document = std::sync::Arc::new(openapi());
+    let api =
+        routes.fallback(not_found).method_not_allowed_fallback(method_not_allowed).layer(DefaultBodyLimit::max(max_body)).with_state(state);
     Router::new()
         .merge(api)
         .merge(health_router(store))
+        .route("/openapi.json", get(move || async move { axum::Json(document.as_ref().clone()) }))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(stamp))
         .layer(cors())
@@ -128,7 +239,9 @@ async fn healthz(axum::extract::State(store): axum::extract::State<Store>) -> Re
         Ok(()) => (StatusCode::OK, axum::Json(serde_json::json!({"status": "ok"}))).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "health check failed");
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(serde_json::json!({"status": "unavailable"}))).into_response()
+            let mut response = error::envelope(StatusCode::SERVICE_UNAVAILABLE, -1, "the database does not answer", &Default::default());
+            response.headers_mut().insert(header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            response
         }
     }
 }

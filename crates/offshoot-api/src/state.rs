@@ -12,10 +12,12 @@ pub struct ApiState {
     pub watchers: Arc<dyn Watchers>,
     /// The job queue: a fork that starts backfilling is queued right after its commit.
     pub jobs: Arc<dyn Jobs>,
+    /// Request body limit (bytes); bigger bodies get Stream's 413.
+    pub max_body: usize,
 }
 
 impl ApiState {
     pub fn new(store: Store, api_key: String, api_secret: String, watchers: Arc<dyn Watchers>, jobs: Arc<dyn Jobs>) -> Self {
-        ApiState { store, api_key: api_key.into(), api_secret: api_secret.into(), watchers, jobs }
+        ApiState { store, api_key: api_key.into(), api_secret: api_secret.into(), watchers, jobs, max_body: crate::MAX_BODY }
     }
 }

@@ -291,3 +291,24 @@ pub fn event(d: Dialect, e: &Event) -> Value {
     }
     Value::Object(o)
 }
+
+/// Stream's error envelope (`code`, `message`, `StatusCode`, `duration`, `more_info`,
+/// `details`, `exception_fields`, `unrecoverable`): the body of every error answer, whichever
+/// part of the server gives it (API, WebSocket upgrade, limits).
+pub fn error_body(code: i64, status: u16, message: &str, duration: &str, fields: &std::collections::BTreeMap<String, String>) -> Value {
+    json!({
+        "code": code,
+        "message": message,
+        "StatusCode": status,
+        "duration": duration,
+        "more_info": "https://getstream.io/chat/docs/api_errors_response",
+        "details": [],
+        "exception_fields": fields,
+        "unrecoverable": false,
+    })
+}
+
+/// The Stream error code of an error answer, left in the response's extensions for the
+/// request log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub i64);

@@ -116,6 +116,7 @@ impl Store {
     }
 
     /// Records the outcome of a delivery attempt: done (removed) or retried at `retry_at`.
+    #[tracing::instrument(name = "store.finish_delivery", skip(self))]
     pub async fn finish_delivery(&self, id: &str, retry_at: Option<i64>) -> Result<()> {
         let mut tx = self.begin().await?;
         match retry_at {
@@ -137,6 +138,7 @@ impl Store {
     /// Like [`Store::advance_cursor`], but only if the cursor is still at `from`
     /// (compare-and-set). False when another consumer moved it first; then nothing is queued,
     /// so two worker processes never queue the same events twice.
+    #[tracing::instrument(name = "store.queue_deliveries", skip(self, deliveries), fields(deliveries = deliveries.len()))]
     pub async fn advance_cursor_from(&self, name: &str, from: i64, to: i64, deliveries: &[(i64, String)]) -> Result<bool> {
         let mut tx = self.begin().await?;
         let now = time::now();
@@ -159,6 +161,7 @@ impl Store {
     /// while it is in flight. False when it is no longer due with `attempts` attempts (another
     /// worker holds it, or it was finished). A worker that dies mid-attempt loses the lease
     /// when it expires, and the attempt is made again.
+    #[tracing::instrument(name = "store.claim_delivery", skip(self))]
     pub async fn claim_delivery(&self, id: &str, attempts: i64, lease_until: i64) -> Result<bool> {
         let mut tx = self.begin().await?;
         let now = time::now();

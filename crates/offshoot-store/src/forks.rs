@@ -337,14 +337,20 @@ async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()>
 
 impl Store {
     /// The fork request: everything in one transaction.
+    #[tracing::instrument(name = "store.create_fork", skip_all, fields(source = %req.source_cid, message_id = %req.message_id, target = %req.target_id))]
     pub async fn create_fork(&self, req: &ForkRequest) -> Result<ForkOutcome> {
-        match self.retrying("create_fork", || self.create_fork_once(req)).await {
+        let outcome = match self.retrying("create_fork", || self.create_fork_once(req)).await {
             // A request from another source (not serialised by the source's lock) created the
             // target channel first. It has committed by now: look again, so this request gets
             // the answer the fork document gives (fork_target_conflict, or fork_target_exists).
             Err(crate::StoreError::Conflict(_)) => self.retrying("create_fork", || self.create_fork_once(req)).await,
             other => other,
+        }?;
+        if outcome.created {
+            metrics::counter!("offshoot_forks_created_total").increment(1);
+            crate::ops::record_fork_finished(&outcome.fork);
         }
+        Ok(outcome)
     }
 
     async fn create_fork_once(&self, req: &ForkRequest) -> Result<ForkOutcome> {
@@ -596,11 +602,21 @@ impl Store {
     }
 
     /// Copies the next page of a backfilling fork, in one transaction with its cursor.
+    #[tracing::instrument(name = "store.backfill_step", skip(self))]
     pub async fn backfill_step(&self, fork_cid: &str, page_size: i64) -> Result<BackfillStep> {
-        self.retrying("backfill_step", || self.backfill_step_once(fork_cid, page_size)).await
+        let (step, page) = self.retrying("backfill_step", || self.backfill_step_once(fork_cid, page_size)).await?;
+        if let Some((copied, finished)) = page {
+            crate::ops::record_backfill_page(copied);
+            if let Some(fork) = finished {
+                crate::ops::record_fork_finished(&fork);
+            }
+        }
+        Ok(step)
     }
 
-    async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<BackfillStep> {
+    /// The step, and for a committed page: messages copied and, when the fork finished, its
+    /// final status and whether it was truncated (for the metrics, recorded after the commit).
+    async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
         let mut tx = self.begin().await?;
         // The fork's channel row first (a message sent into the fork locks it too), then the
         // fork row: one backfill page at a time per fork, across processes (crate doc).
@@ -608,15 +624,17 @@ impl Store {
         if self.backend() == Backend::Postgres {
             sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
         }
-        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok(BackfillStep::Gone) };
+        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
-            return Ok(BackfillStep::Done);
+            return Ok((BackfillStep::Done, None));
         }
+        let mut summary = f.summary.clone();
         let Some(source) = load_channel(&mut tx.tx, &f.summary.source_channel_cid).await? else {
             // A hard-deleted source ends the backfill with what was copied.
             finish(&mut tx, fork_cid, None).await?;
             tx.commit(self).await?;
-            return Ok(BackfillStep::Done);
+            summary.status = ForkStatus::Completed;
+            return Ok((BackfillStep::Done, Some((0, Some(summary)))));
         };
         let point = (f.point_created_at, f.summary.source_message_id.as_str());
         let mut boundary = f.boundary.clone();
@@ -649,6 +667,7 @@ impl Store {
                     rows::get_i64(&row, "n")?
                 }
             };
+            summary.truncated = truncated;
             sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
                 .bind(true)
                 .bind(boundary.as_ref().map(|b| b.0))
@@ -682,16 +701,19 @@ impl Store {
         let step = match failure {
             Some(f) => {
                 finish(&mut tx, fork_cid, Some(failure_reason(&f))).await?;
+                summary.status = ForkStatus::Failed;
                 BackfillStep::Done
             }
             None if (page.len() as i64) < page_size.max(1) => {
                 finish(&mut tx, fork_cid, None).await?;
+                summary.status = ForkStatus::Completed;
                 BackfillStep::Done
             }
             None => BackfillStep::More,
         };
         tx.commit(self).await?;
-        Ok(step)
+        let finished = (step == BackfillStep::Done).then_some(summary);
+        Ok((step, Some((copied, finished))))
     }
 
     /// Ends a backfill that cannot go on (the worker gave up after its attempts): the fork

@@ -45,6 +45,7 @@ mod deliveries;
 mod events;
 mod forks;
 mod messages;
+mod ops;
 mod query;
 mod rows;
 mod users;
@@ -53,6 +54,7 @@ pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadSt
 pub use deliveries::DeadLetterRecord;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
+pub use ops::{set_consumer_cursor, OpsSnapshot};
 pub use users::{UserInput, UserPatch};
 
 use offshoot_core::{Error, ErrorKind};

@@ -33,6 +33,7 @@
 
 pub mod backfill;
 pub mod queue;
+pub mod record;
 pub mod webhooks;
 
 use apalis::prelude::{BackendExt, Monitor, Strategy, WorkerBuilder, WorkerBuilderExt};

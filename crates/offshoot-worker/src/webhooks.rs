@@ -21,6 +21,7 @@
 //! circuit is kept per worker process. Other endpoints are never held back.
 
 use crate::queue::{ulid_of, QueueError};
+use crate::record::{self, Attempt};
 use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use hmac::{Hmac, KeyInit, Mac};
@@ -279,20 +280,24 @@ pub async fn run_job(job: DeliveryJob, shared: Data<Arc<Shared>>) -> Result<(), 
     shared.circuits.record(&job.url, !matches!(outcome, Outcome::Retry(_)), policy);
     match outcome {
         Outcome::Delivered => {
+            record::webhook_attempt(Attempt::Delivered);
             tracing::debug!(delivery = %job.id, seq = job.seq, url = %job.url, attempt = job.attempt, "webhook delivered");
             Ok(())
         }
         Outcome::Refused(reason) => {
+            record::webhook_attempt(Attempt::Failed);
             tracing::warn!(delivery = %job.id, event = %job.event_type, url = %job.url, attempt = job.attempt, %reason, "webhook refused by the receiver; dead-lettered");
             dead_letter(&shared, &job, job.attempt, &reason).await
         }
         Outcome::Retry(reason) => {
             let delay = crate::backoff(policy.backoff_base, policy.backoff_max, job.attempt);
             if time::now() + delay.as_nanos() as i64 > deadline {
+                record::webhook_attempt(Attempt::Failed);
                 tracing::warn!(delivery = %job.id, event = %job.event_type, url = %job.url, attempt = job.attempt, %reason, "webhook not delivered within the retry window; dead-lettered");
                 return dead_letter(&shared, &job, job.attempt, &reason).await;
             }
             tracing::info!(delivery = %job.id, url = %job.url, attempt = job.attempt, retry_in_s = delay.as_secs(), %reason, "webhook attempt failed; retrying");
+            record::webhook_attempt(Attempt::Retried);
             let next = DeliveryJob { attempt: job.attempt + 1, last_error: Some(reason), ..job };
             shared.pools.push_deliveries(vec![(next, ulid::Ulid::generate(), delay)]).await?;
             Ok(())

@@ -2,10 +2,12 @@
 //! events, answers and sends heartbeats, and ends on close, error, a full queue or shutdown.
 
 use crate::auth::{self, Credentials};
-use crate::{Conn, Hub, QUEUE_CAPACITY};
+use crate::{Conn, ConnSlot, Hub, QUEUE_CAPACITY};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
-use axum::response::Response;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use offshoot_core::model::User;
@@ -39,13 +41,45 @@ const CLOSE_TOO_BIG: u16 = 1009;
 type Sink = SplitSink<WebSocket, Message>;
 type Source = SplitStream<WebSocket>;
 
+/// An answer before the upgrade, in Stream's error envelope (the request log reads its code).
+fn refuse(status: StatusCode, code: i64, message: &str) -> Response {
+    let body = render::error_body(code, status.as_u16(), message, "0.00ms", &Default::default());
+    let mut response = (status, axum::Json(body)).into_response();
+    response.extensions_mut().insert(render::ErrorCode(code));
+    response
+}
+
+/// The upgrade and a slot under the per-process connection cap, or the envelope answer: a
+/// request that is not an upgrade (a plain `GET`) gets 400 (code 4); one over the cap gets 503
+/// (code 71), and existing connections are unaffected.
+fn admit(hub: &Arc<Hub>, ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>) -> Result<(WebSocketUpgrade, ConnSlot), Box<Response>> {
+    let ws =
+        ws.map_err(|e| Box::new(refuse(e.status(), 4, &format!("this endpoint takes WebSocket connections only: {}", e.body_text()))))?;
+    let Some(slot) = ConnSlot::acquire(hub) else {
+        metrics::counter!("offshoot_ws_connections_refused_total").increment(1);
+        let mut r = refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            71,
+            &format!("this server holds its maximum of {} WebSocket connections; try again later", hub.max_connections),
+        );
+        r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
+        return Err(Box::new(r));
+    };
+    Ok((ws, slot))
+}
+
 /// `GET /connect?json=…&api_key=…&authorization=…&stream-auth-type=jwt|anonymous`.
 pub(crate) async fn connect_legacy(
     State(hub): State<Arc<Hub>>,
     Query(params): Query<HashMap<String, String>>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let (ws, slot) = match admit(&hub, ws) {
+        Ok(admitted) => admitted,
+        Err(refused) => return *refused,
+    };
     ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+        let _slot = slot;
         let (mut sink, source) = socket.split();
         let creds = legacy_credentials(&params);
         let user = match creds {
@@ -63,9 +97,14 @@ pub(crate) async fn connect_legacy(
 pub(crate) async fn connect_v2(
     State(hub): State<Arc<Hub>>,
     Query(params): Query<HashMap<String, String>>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let (ws, slot) = match admit(&hub, ws) {
+        Ok(admitted) => admitted,
+        Err(refused) => return *refused,
+    };
     ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+        let _slot = slot;
         let (mut sink, mut source) = socket.split();
         let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
             Ok(Some(text)) => v2_credentials(&params, &text),
@@ -189,7 +228,10 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, 
                 _ = hub.closing.cancelled() => break Some((CLOSE_GOING_AWAY, "server shutting down")),
                 _ = kick.cancelled() => break Some((CLOSE_TRY_AGAIN, "too many events queued; reconnect")),
                 event = events.recv() => match event {
-                    Some(text) => if send(&mut sink, Message::Text(text)).await.is_err() { break None },
+                    Some(text) => {
+                        if send(&mut sink, Message::Text(text)).await.is_err() { break None }
+                        metrics::counter!("offshoot_ws_events_sent_total").increment(1);
+                    }
                     None => break None,
                 },
                 frame = source.next() => match frame {

@@ -22,6 +22,7 @@ use offshoot_core::render::{self, Dialect};
 use offshoot_store::Store;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -42,6 +43,32 @@ pub struct Hub {
     registry: RwLock<Registry>,
     /// Cancelled when [`Hub::run`] stops: every connection then closes with "going away".
     closing: CancellationToken,
+    /// The cap on open connections of this process; new ones beyond it are refused.
+    max_connections: usize,
+    /// Connections holding a slot (upgraded or being upgraded).
+    open: AtomicUsize,
+}
+
+/// Default of [`Hub::with_max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// A place under the connection cap, held for the life of one connection.
+pub(crate) struct ConnSlot(Arc<Hub>);
+
+impl ConnSlot {
+    pub(crate) fn acquire(hub: &Arc<Hub>) -> Option<ConnSlot> {
+        hub.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < hub.max_connections).then_some(n + 1)).ok().map(|_| {
+            metrics::gauge!("offshoot_ws_connections").increment(1.0);
+            ConnSlot(hub.clone())
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!("offshoot_ws_connections").decrement(1.0);
+    }
 }
 
 #[derive(Default)]
@@ -97,7 +124,20 @@ fn remove_from(map: &mut HashMap<String, HashSet<String>>, key: &str, id: &str) 
 
 impl Hub {
     pub fn new(store: Store, api_key: String, api_secret: String) -> Arc<Hub> {
-        Arc::new(Hub { store, api_key, api_secret, registry: RwLock::default(), closing: CancellationToken::new() })
+        Self::with_max_connections(store, api_key, api_secret, DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// A hub that refuses connections beyond `max_connections` (503, Stream code 71).
+    pub fn with_max_connections(store: Store, api_key: String, api_secret: String, max_connections: usize) -> Arc<Hub> {
+        Arc::new(Hub {
+            store,
+            api_key,
+            api_secret,
+            registry: RwLock::default(),
+            closing: CancellationToken::new(),
+            max_connections,
+            open: AtomicUsize::new(0),
+        })
     }
 
     /// `GET /connect` (legacy) and `GET /api/v2/connect` (v2).
@@ -116,7 +156,10 @@ impl Hub {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let result = match cursor {
-                None => self.store.last_event_seq().await.map(|seq| cursor = Some(seq)),
+                None => self.store.last_event_seq().await.map(|seq| {
+                    offshoot_store::set_consumer_cursor("websocket", seq);
+                    cursor = Some(seq)
+                }),
                 Some(ref mut seq) => self.catch_up(seq).await,
             };
             match result {
@@ -149,6 +192,7 @@ impl Hub {
                 self.dispatch(ev);
                 *seq = ev.seq;
             }
+            offshoot_store::set_consumer_cursor("websocket", *seq);
             if (batch.len() as i64) < BATCH {
                 return Ok(());
             }
@@ -204,6 +248,7 @@ impl Hub {
                 match conn.queue.try_send(text) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
+                        metrics::counter!("offshoot_ws_clients_dropped_slow_total").increment(1);
                         tracing::warn!(connection_id = %id, user_id = %conn.user_id, "websocket client too slow; closing its connection");
                         dropped.push(id.clone());
                     }

@@ -33,6 +33,33 @@ pub struct Config {
     /// Retry and heartbeat policies of the job queue (page size, page delay and poll interval
     /// come from the fields above).
     pub worker: offshoot_worker::WorkerConfig,
+    /// `text` (default) or `json` log lines.
+    pub log_format: LogFormat,
+    /// Where `GET /metrics` is served.
+    pub metrics: MetricsListen,
+    /// A request still running after this is answered 408 (Stream code 23).
+    pub request_timeout: Duration,
+    /// Request bodies larger than this are answered 413 (Stream code 22).
+    pub max_body_bytes: usize,
+    /// WebSocket connections one process holds at most; new ones beyond are refused (503, code 71).
+    pub max_ws_connections: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Where `GET /metrics` is served (`OFFSHOOT_METRICS_LISTEN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsListen {
+    /// On the server's own port, next to `/healthz` (the default).
+    Main,
+    /// On a listener of its own (e.g. a private interface), and not on the server's port.
+    Separate(String),
+    /// Not served.
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +101,11 @@ impl std::fmt::Debug for Config {
             .field("backfill_page_delay", &self.backfill_page_delay)
             .field("event_retention", &self.event_retention)
             .field("worker", &self.worker)
+            .field("log_format", &self.log_format)
+            .field("metrics", &self.metrics)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_ws_connections", &self.max_ws_connections)
             .finish()
     }
 }
@@ -99,6 +131,11 @@ impl Default for Config {
             event_retention: Duration::from_secs(24 * 3600),
             prune_interval: Duration::from_secs(600),
             worker: offshoot_worker::WorkerConfig::default(),
+            log_format: LogFormat::Text,
+            metrics: MetricsListen::Main,
+            request_timeout: Duration::from_secs(30),
+            max_body_bytes: offshoot_api::MAX_BODY,
+            max_ws_connections: offshoot_ws::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -180,6 +217,31 @@ impl Config {
             anyhow::ensure!(v > 0, "OFFSHOOT_WEBHOOK_CIRCUIT_THRESHOLD must be positive");
             w.webhooks.circuit_threshold = v as u32;
         }
+        if let Some(v) = var("OFFSHOOT_LOG_FORMAT") {
+            c.log_format = match v.to_ascii_lowercase().as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => anyhow::bail!("OFFSHOOT_LOG_FORMAT must be text or json, not {other:?}"),
+            };
+        }
+        if let Some(v) = var("OFFSHOOT_METRICS_LISTEN") {
+            c.metrics = match v.as_str() {
+                "off" => MetricsListen::Off,
+                "main" => MetricsListen::Main,
+                addr => MetricsListen::Separate(addr.to_string()),
+            };
+        }
+        if let Some(v) = var("OFFSHOOT_REQUEST_TIMEOUT_MS") {
+            c.request_timeout = Duration::from_millis(v.parse().context("OFFSHOOT_REQUEST_TIMEOUT_MS must be a number")?);
+            anyhow::ensure!(!c.request_timeout.is_zero(), "OFFSHOOT_REQUEST_TIMEOUT_MS must be positive");
+        }
+        if let Some(v) = var("OFFSHOOT_MAX_BODY_BYTES") {
+            c.max_body_bytes = v.parse().context("OFFSHOOT_MAX_BODY_BYTES must be a number")?;
+            anyhow::ensure!(c.max_body_bytes >= 1024, "OFFSHOOT_MAX_BODY_BYTES must be at least 1024");
+        }
+        if let Some(v) = var("OFFSHOOT_MAX_WS_CONNECTIONS") {
+            c.max_ws_connections = v.parse().context("OFFSHOOT_MAX_WS_CONNECTIONS must be a number")?;
+        }
         Ok(c)
     }
 
@@ -240,20 +302,19 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     // still must not grow the event table for ever.
     tasks.spawn(prune_outbox(store.clone(), config.event_retention, config.prune_interval, shutdown.clone()));
 
-    let hub = config.roles.ws.then(|| offshoot_ws::Hub::new(store.clone(), api_key.clone(), api_secret.clone()));
+    let hub = config
+        .roles
+        .ws
+        .then(|| offshoot_ws::Hub::with_max_connections(store.clone(), api_key.clone(), api_secret.clone(), config.max_ws_connections));
     let watchers: Arc<dyn Watchers> = match &hub {
         Some(h) => h.clone(),
         None => Arc::new(NoWatchers),
     };
     let mut router = axum::Router::new();
     if config.roles.api {
-        router = router.merge(offshoot_api::router(offshoot_api::ApiState::new(
-            store.clone(),
-            api_key.clone(),
-            api_secret.clone(),
-            watchers,
-            Arc::new(queue.clone()),
-        )));
+        let mut state = offshoot_api::ApiState::new(store.clone(), api_key.clone(), api_secret.clone(), watchers, Arc::new(queue.clone()));
+        state.max_body = config.max_body_bytes;
+        router = router.merge(offshoot_api::router(state));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
     }
@@ -266,6 +327,28 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.clone(), api_secret.clone(), shutdown.clone());
         tasks.spawn(async move { offshoot_worker::run(q, c, k, sec, s).await });
     }
+
+    let limits = offshoot_api::ops::Limits { request_timeout: config.request_timeout, max_body: config.max_body_bytes };
+    match &config.metrics {
+        MetricsListen::Off => {}
+        MetricsListen::Main => {
+            router = router.merge(offshoot_api::ops::metrics_router(store.clone(), offshoot_api::ops::install_metrics()))
+        }
+        MetricsListen::Separate(addr) => {
+            let metrics_listener = TcpListener::bind(addr).await.with_context(|| format!("binding OFFSHOOT_METRICS_LISTEN {addr}"))?;
+            tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
+            let app =
+                offshoot_api::ops::layers(offshoot_api::ops::metrics_router(store.clone(), offshoot_api::ops::install_metrics()), limits);
+            let s = shutdown.clone();
+            tasks.spawn(async move {
+                if let Err(e) = axum::serve(metrics_listener, app.into_make_service()).with_graceful_shutdown(s.cancelled_owned()).await {
+                    tracing::error!(error = %e, "the metrics listener failed");
+                }
+            });
+        }
+    }
+    let router = offshoot_api::ops::layers(router, limits);
+
     tracing::info!(addr = %listener.local_addr()?, backend = store.backend().name(), roles = ?config.roles, "offshoot listening");
     let s = shutdown.clone();
     axum::serve(listener, router.into_make_service()).with_graceful_shutdown(async move { s.cancelled().await }).await?;

@@ -12,17 +12,26 @@ fn usage() -> ! {
          \x20      offshoot jobs                                 jobs per queue and state\n\n\
          Environment: OFFSHOOT_LISTEN (default 127.0.0.1:3000), DATABASE_URL (default sqlite://offshoot.db?mode=rwc),\n\
          OFFSHOOT_API_KEY / OFFSHOOT_API_SECRET (generated and stored on first start when unset), OFFSHOOT_ROLES,\n\
-         OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG.\n\
+         OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG, OFFSHOOT_LOG_FORMAT (text|json),\n\
+         OFFSHOOT_METRICS_LISTEN (main|off|ADDR), OFFSHOOT_REQUEST_TIMEOUT_MS, OFFSHOOT_MAX_BODY_BYTES, OFFSHOOT_MAX_WS_CONNECTIONS.\n\
          --config FILE (or OFFSHOOT_CONFIG): the same keys as KEY=value lines; the environment wins."
     );
     std::process::exit(2)
 }
 
+/// Log lines on stdout: text, or one JSON object per line (`OFFSHOOT_LOG_FORMAT=json`) with
+/// the fields of every enclosing span, so each line of a request carries its `request_id`.
+fn init_tracing(format: offshoot::LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        offshoot::LogFormat::Text => builder.init(),
+        offshoot::LogFormat::Json => builder.json().with_current_span(false).with_span_list(true).init(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into()))
-        .init();
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
         Some("serve") => {}
@@ -46,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
             _ => usage(),
         }
     }
+    init_tracing(config.log_format);
     let listener = tokio::net::TcpListener::bind(&config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let shutdown = CancellationToken::new();
     let s = shutdown.clone();
