@@ -417,3 +417,48 @@ pub(crate) fn health_schema() -> RefOr<Schema> {
 pub(crate) fn any_schema() -> RefOr<Schema> {
     <Value as PartialSchema>::schema()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    fn document() -> Value {
+        serde_json::to_value(crate::openapi()).expect("the document serialises")
+    }
+
+    #[test]
+    fn every_routed_operation_is_in_the_document_in_both_dialects() {
+        let doc = document();
+        assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{}", doc["openapi"]);
+        let ops = crate::api_operations();
+        assert!(ops.len() > 80, "both dialects: {}", ops.len());
+        for (method, path) in &ops {
+            let op = &doc["paths"][path][method.as_str().to_ascii_lowercase()];
+            assert!(op.is_object(), "{method} {path} is routed but not documented");
+            assert!(op["responses"]["default"].is_object(), "{method} {path} documents its error envelope");
+        }
+        for legacy in ops.iter().filter(|(_, p)| !p.starts_with("/api/v2")) {
+            let mirrored = ops
+                .iter()
+                .any(|(m, p)| m == legacy.0 && (p == &format!("/api/v2/chat{}", legacy.1) || p == &format!("/api/v2{}", legacy.1)));
+            assert!(mirrored, "{} {} has a v2 mirror", legacy.0, legacy.1);
+        }
+    }
+
+    #[test]
+    fn operation_ids_are_unique_and_every_reference_resolves() {
+        let doc = document();
+        let text = doc.to_string();
+        let mut ids = std::collections::HashSet::new();
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                let id = op["operationId"].as_str().expect("an operationId").to_string();
+                assert!(ids.insert(id.clone()), "duplicate operationId {id}");
+            }
+        }
+        for part in text.split("\"#/components/schemas/").skip(1) {
+            let name = &part[..part.find('"').unwrap()];
+            assert!(doc["components"]["schemas"][name].is_object(), "dangling reference to {name}");
+        }
+    }
+}
