@@ -431,7 +431,7 @@ mod tests {
         let doc = document();
         assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{}", doc["openapi"]);
         let ops = crate::api_operations();
-        assert!(ops.len() > 80, "both dialects: {}", ops.len());
+        assert!(ops.len() >= 80, "both dialects: {}", ops.len());
         for (method, path) in &ops {
             let op = &doc["paths"][path][method.as_str().to_ascii_lowercase()];
             assert!(op.is_object(), "{method} {path} is routed but not documented");
