@@ -15,9 +15,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use offshoot_core::jobs::Jobs;
 use offshoot_core::render::ErrorCode;
 use offshoot_store::Store;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -173,21 +175,38 @@ pub fn install_metrics() -> PrometheusHandle {
 struct MetricsState {
     store: Store,
     handle: PrometheusHandle,
+    jobs: Arc<dyn Jobs>,
 }
 
 /// `GET /metrics`: Prometheus text format. Gauges read from the database (queue depths, lags,
 /// the pool) are refreshed at each scrape.
-pub fn metrics_router(store: Store, handle: PrometheusHandle) -> Router {
-    Router::new().route("/metrics", get(render_metrics)).with_state(MetricsState { store, handle })
+pub fn metrics_router(store: Store, handle: PrometheusHandle, jobs: Arc<dyn Jobs>) -> Router {
+    Router::new().route("/metrics", get(render_metrics)).with_state(MetricsState { store, handle, jobs })
 }
 
 async fn render_metrics(State(st): State<MetricsState>) -> Response {
+    // Jobs per queue and state, from the apalis tables.
+    match st.jobs.counts().await {
+        Ok(queues) => {
+            for q in queues {
+                for (state, n) in [
+                    ("queued", q.queued),
+                    ("running", q.running),
+                    ("retrying", q.retrying),
+                    ("failed", q.failed),
+                    ("dead_lettered", q.dead_lettered),
+                ] {
+                    let queue = q.queue.strip_prefix("offshoot.").unwrap_or(&q.queue).to_string();
+                    metrics::gauge!("offshoot_queue_jobs", "queue" => queue, "state" => state).set(n as f64);
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the job counts for /metrics failed"),
+    }
     match st.store.ops_snapshot().await {
         Ok(s) => {
             metrics::gauge!("offshoot_backfill_lag_seconds").set(s.backfill_lag_seconds);
-            metrics::gauge!("offshoot_queue_jobs", "queue" => "backfill", "state" => "running").set(s.backfilling_forks as f64);
-            metrics::gauge!("offshoot_queue_jobs", "queue" => "webhook", "state" => "due").set(s.webhook_due as f64);
-            metrics::gauge!("offshoot_queue_jobs", "queue" => "webhook", "state" => "waiting").set(s.webhook_waiting as f64);
+            metrics::gauge!("offshoot_backfilling_forks").set(s.backfilling_forks as f64);
             for (consumer, lag) in s.outbox_lag {
                 metrics::gauge!("offshoot_outbox_lag_events", "consumer" => consumer).set(lag as f64);
             }

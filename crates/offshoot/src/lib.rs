@@ -332,13 +332,19 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     match &config.metrics {
         MetricsListen::Off => {}
         MetricsListen::Main => {
-            router = router.merge(offshoot_api::ops::metrics_router(store.clone(), offshoot_api::ops::install_metrics()))
+            router = router.merge(offshoot_api::ops::metrics_router(
+                store.clone(),
+                offshoot_api::ops::install_metrics(),
+                Arc::new(queue.clone()),
+            ))
         }
         MetricsListen::Separate(addr) => {
             let metrics_listener = TcpListener::bind(addr).await.with_context(|| format!("binding OFFSHOOT_METRICS_LISTEN {addr}"))?;
             tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
-            let app =
-                offshoot_api::ops::layers(offshoot_api::ops::metrics_router(store.clone(), offshoot_api::ops::install_metrics()), limits);
+            let app = offshoot_api::ops::layers(
+                offshoot_api::ops::metrics_router(store.clone(), offshoot_api::ops::install_metrics(), Arc::new(queue.clone())),
+                limits,
+            );
             let s = shutdown.clone();
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(metrics_listener, app.into_make_service()).with_graceful_shutdown(s.cancelled_owned()).await {
