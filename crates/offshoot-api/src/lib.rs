@@ -263,7 +263,9 @@ fn cors() -> CorsLayer {
             HeaderName::from_static("stream-auth-type"),
             HeaderName::from_static("x-stream-client"),
             HeaderName::from_static("x-client-request-id"),
+            HeaderName::from_static("x-request-id"),
         ])
+        .expose_headers([HeaderName::from_static("x-request-id")])
 }
 
 /// Records the start time and the dialect (by path) for the handlers below.

@@ -97,6 +97,21 @@ async fn meter(State(limits): State<Limits>, req: Request, next: Next) -> Respon
     response
 }
 
+/// Reads and drops up to `max` bytes of a refused body (bounded in time).
+async fn drain(mut body: Body, max: usize) {
+    use http_body_util::BodyExt;
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > max {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// Reads the whole request body (up to the limit) before the handler runs, then runs it
 /// under the timeout.
 ///
@@ -110,6 +125,11 @@ async fn limited(limits: Limits, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_body as u64) {
+        // A client still writing the body would see a broken pipe instead of the 413: read and
+        // drop a bounded amount of it first (bodies up to twice the limit, within 5 s).
+        if declared.is_some_and(|n| n <= 2 * limits.max_body as u64) {
+            drain(body, 2 * limits.max_body).await;
+        }
         return closing(too_large(limits.max_body));
     }
     let bytes = match axum::body::to_bytes(body, limits.max_body).await {
