@@ -720,7 +720,13 @@ impl Store {
     /// becomes `failed` with `reason`, keeps what it copied, and `channel.forked` is written.
     /// False when the fork is gone or no longer backfilling.
     pub async fn fail_backfill(&self, fork_cid: &str, reason: &str) -> Result<bool> {
+        self.retrying("fail_backfill", || self.fail_backfill_once(fork_cid, reason)).await
+    }
+
+    async fn fail_backfill_once(&self, fork_cid: &str, reason: &str) -> Result<bool> {
         let mut tx = self.begin().await?;
+        // The lock order of a backfill page: the fork's channel row, then the fork row.
+        lock_channel(&mut tx, fork_cid).await?;
         if self.backend() == Backend::Postgres {
             sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
         }
