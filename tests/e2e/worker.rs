@@ -82,6 +82,55 @@ async fn a_backfill_that_keeps_failing_ends_failed_after_its_attempts_and_keeps_
     assert_eq!(queue(&counts, "offshoot.backfill")["queued"], json!(0), "nothing is left to retry: {counts}");
 }
 
+/// Makes the queue's table say that a live worker took every backfill job, while no worker runs
+/// them: the state a task lost inside a worker leaves behind (its worker keeps its heartbeat,
+/// so apalis never hands the job to anyone else). The "worker" is seen in a day's time.
+async fn hand_backfill_jobs_to_a_ghost(db: &TestDb) {
+    let sql = match backend() {
+        Backend::Sqlite => {
+            "INSERT INTO Workers (id, worker_type, storage_name, layers, last_seen, started_at) \
+             VALUES ('ghost', 'offshoot.backfill', 'SqliteStorage', '', strftime('%s', 'now') + 86400, strftime('%s', 'now')); \
+             UPDATE Jobs SET status = 'Running', lock_by = 'ghost', lock_at = strftime('%s', 'now') WHERE job_type = 'offshoot.backfill';"
+        }
+        Backend::Postgres => {
+            "INSERT INTO apalis.workers (id, worker_type, storage_name, layers, last_seen, started_at) \
+             VALUES ('ghost', 'offshoot.backfill', 'PostgresStorage', '', now() + interval '1 day', now()); \
+             UPDATE apalis.jobs SET status = 'Running', lock_by = 'ghost', lock_at = now() WHERE job_type = 'offshoot.backfill';"
+        }
+    };
+    execute(db, sql).await;
+}
+
+#[tokio::test]
+async fn a_backfill_whose_job_the_queue_holds_but_no_worker_runs_is_queued_again_and_finishes() {
+    let app = TestApp::spawn_without_worker().await;
+    app.users(&["u1"]).await;
+    app.channel("agent:held", "u1", &["u1"]).await;
+    let m = app.seed("agent:held", "u1", "held", 250, past_ns(), 8).await;
+    let r = app.fork("agent:held", &m[249], "held-fork").await.ok();
+    assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    hand_backfill_jobs_to_a_ghost(&app.db).await;
+    let counts = app.get("/jobs", &app.server()).await.ok();
+    assert_eq!(queue(&counts, "offshoot.backfill")["running"], json!(1), "the ghost holds the fork's job: {counts}");
+
+    let _worker = TestApp::spawn_on(app.db.clone(), |c| {
+        c.roles = offshoot::Roles { api: false, ws: false, worker: true };
+        c.worker.reconcile_interval = Duration::from_millis(500);
+        c.worker.stall_after = Duration::from_secs(2);
+    })
+    .await;
+    let done = app.wait_fork_finished("agent:held-fork").await;
+    assert_eq!(done["status"], json!("completed"), "{done}");
+    assert_eq!(done["copied_message_count"], json!(250), "{done}");
+    assert_eq!(app.all_messages("agent:held-fork").await.len(), 250, "every message copied once");
+    let counts = app.get("/jobs", &app.server()).await.ok();
+    assert_eq!(
+        queue(&counts, "offshoot.backfill")["running"],
+        json!(1),
+        "the ghost's job is still held; another job did the work: {counts}"
+    );
+}
+
 #[tokio::test]
 async fn job_counts_are_server_side_only() {
     let app = TestApp::spawn().await;

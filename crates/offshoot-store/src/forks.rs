@@ -601,6 +601,15 @@ impl Store {
         rows.iter().map(|r| rows::get_str(r, "cid")).collect()
     }
 
+    /// Every backfilling fork with the time its row last changed (each committed page moves
+    /// it): the worker's reconciler tells a backfill that makes progress from a stalled one.
+    pub async fn backfilling_progress(&self) -> Result<Vec<(String, i64)>> {
+        let rows: Vec<AnyRow> = sqlx::query("SELECT cid, updated_at FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
+            .fetch_all(self.pool())
+            .await?;
+        rows.iter().map(|r| Ok((rows::get_str(r, "cid")?, rows::get_i64(r, "updated_at")?))).collect()
+    }
+
     /// Copies the next page of a backfilling fork, in one transaction with its cursor.
     #[tracing::instrument(name = "store.backfill_step", skip(self))]
     pub async fn backfill_step(&self, fork_cid: &str, page_size: i64) -> Result<BackfillStep> {

@@ -7,14 +7,14 @@
 //! A page that fails ends the job and pushes a new one after an exponential back-off; after
 //! the last attempt the fork becomes `failed` (`backfill_error`).
 
-use crate::queue::BACKFILL_QUEUE;
+use crate::queue::{LiveState, BACKFILL_QUEUE};
 use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use offshoot_store::BackfillStep;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackfillJob {
@@ -101,16 +101,56 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
     }
 }
 
-/// Queues every backfilling fork that has no waiting or running job (a crash between a fork's
-/// commit and its enqueue, a job lost by the queue). Returns how many were queued.
-pub async fn reconcile(shared: &Shared) -> Result<usize, BoxDynError> {
-    let live: HashSet<String> = shared.pools.live_jobs::<BackfillJob>(BACKFILL_QUEUE).await?.into_iter().map(|j| j.fork_cid).collect();
-    let mut queued = 0;
-    for cid in shared.store.backfilling_forks().await? {
-        if !live.contains(&cid) {
+/// What the reconciler remembers between rounds: when each backfilling fork's row last moved.
+#[derive(Debug, Default)]
+pub struct Watch {
+    seen: HashMap<String, (i64, Instant)>,
+}
+
+/// What one reconciler round queued.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Backfilling forks that had no job at all (a crash between a fork's commit and its
+    /// push, a job lost by the queue).
+    pub orphaned: usize,
+    /// Backfilling forks whose job says it is waiting, fetched or running but whose row has
+    /// not moved for `stall_after` (a job the queue holds but no worker runs).
+    pub stalled: usize,
+}
+
+/// Queues a backfill for every backfilling fork that has no live job, and for every fork whose
+/// live job has not moved its row for `stall_after`, whatever apalis's table says about the job.
+/// A job scheduled for later (a back-off) is left to run when due. A second job for a fork
+/// whose first job turns out to be alive is harmless: each page locks the fork row and
+/// continues from its cursor, so the two take turns and nothing is copied twice.
+pub async fn reconcile(shared: &Shared, watch: &mut Watch, stall_after: Duration) -> Result<Reconciled, BoxDynError> {
+    let mut live: HashMap<String, Vec<LiveState>> = HashMap::new();
+    for job in shared.pools.live_jobs::<BackfillJob>(BACKFILL_QUEUE).await? {
+        live.entry(job.args.fork_cid).or_default().push(job.state);
+    }
+    let now = Instant::now();
+    let forks = shared.store.backfilling_progress().await?;
+    watch.seen.retain(|cid, _| forks.iter().any(|(c, _)| c == cid));
+    let mut done = Reconciled::default();
+    for (cid, updated_at) in forks {
+        let seen = watch.seen.entry(cid.clone()).or_insert((updated_at, now));
+        if seen.0 != updated_at {
+            *seen = (updated_at, now);
+        }
+        let states = live.get(&cid).map(Vec::as_slice).unwrap_or_default();
+        if states.is_empty() {
             shared.pools.push_backfill(BackfillJob::new(&cid), Duration::ZERO).await?;
-            queued += 1;
+            *seen = (updated_at, now);
+            done.orphaned += 1;
+        } else if states.contains(&LiveState::Scheduled) {
+            // Waiting out a back-off on purpose.
+            *seen = (updated_at, now);
+        } else if now.duration_since(seen.1) >= stall_after {
+            tracing::warn!(fork = %cid, jobs = ?states, still_for_s = now.duration_since(seen.1).as_secs(), "a backfill made no progress while its job is live; queueing another");
+            shared.pools.push_backfill(BackfillJob::new(&cid), Duration::ZERO).await?;
+            *seen = (updated_at, now);
+            done.stalled += 1;
         }
     }
-    Ok(queued)
+    Ok(done)
 }

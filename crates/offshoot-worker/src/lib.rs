@@ -6,7 +6,9 @@
 //! its count of failed attempts in a row); the API pushes it right after the fork's transaction
 //! commits, and a reconciler (at start-up and every [`WorkerConfig::reconcile_interval`])
 //! pushes one for every backfilling fork without a waiting or running job, so a lost push
-//! cannot strand a fork. Retries do not use apalis's own (immediate) retries: a job that fails
+//! cannot strand a fork, and for every fork whose row has not moved for
+//! [`WorkerConfig::stall_after`] while its job is said to be live, so a job the queue holds but
+//! no worker runs cannot strand it either. Retries do not use apalis's own (immediate) retries: a job that fails
 //! ends and pushes a new job `run_after` an exponential back-off. See [`backfill`] and
 //! [`webhooks`].
 //!
@@ -63,6 +65,9 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// How often the reconciler looks for backfilling forks without a job.
     pub reconcile_interval: Duration,
+    /// How long a backfilling fork whose job the queue calls live may go without a committed
+    /// page before the reconciler queues another job for it (see [`backfill::reconcile`]).
+    pub stall_after: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -73,6 +78,7 @@ impl Default for WorkerConfig {
             heartbeat: Duration::from_secs(5),
             poll_interval: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(10),
+            stall_after: Duration::from_secs(60),
         }
     }
 }
@@ -208,7 +214,7 @@ pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret
         })
         .shutdown_timeout(config.webhooks.attempt_timeout + Duration::from_secs(2));
     let relay = tokio::spawn(webhooks::relay(shared.clone(), shutdown.clone()));
-    let reconciler = tokio::spawn(reconcile_loop(shared.clone(), config.reconcile_interval, shutdown.clone()));
+    let reconciler = tokio::spawn(reconcile_loop(shared.clone(), config.reconcile_interval, config.stall_after, shutdown.clone()));
     tracing::info!(%instance, takeover_s = config.takeover_bound().as_secs(), "worker started (apalis)");
     let s = shutdown.clone();
     if let Err(e) = monitor
@@ -288,11 +294,12 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
     }
 }
 
-async fn reconcile_loop(shared: Arc<Shared>, every: Duration, shutdown: CancellationToken) {
+async fn reconcile_loop(shared: Arc<Shared>, every: Duration, stall_after: Duration, shutdown: CancellationToken) {
+    let mut watch = backfill::Watch::default();
     loop {
-        match backfill::reconcile(&shared).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(queued = n, "reconciler queued backfills of forks without a job"),
+        match backfill::reconcile(&shared, &mut watch, stall_after).await {
+            Ok(backfill::Reconciled { orphaned: 0, stalled: 0 }) => {}
+            Ok(r) => tracing::info!(orphaned = r.orphaned, stalled = r.stalled, "reconciler queued backfills"),
             Err(e) => tracing::warn!(error = %e, "reconciling backfills failed"),
         }
         match shared.pools.remove_finished().await {

@@ -31,6 +31,24 @@ const KEEP_DONE: Duration = Duration::from_secs(3600);
 
 pub type QueueError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A job that is waiting or running, as apalis's table says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveJob<T> {
+    pub args: T,
+    pub state: LiveState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveState {
+    /// Due, not yet taken by a worker.
+    Waiting,
+    /// Due later (a back-off before a retry).
+    Scheduled,
+    /// Taken by a worker that has not started it yet.
+    Fetched,
+    Running,
+}
+
 /// Typed pools on the application's database, which apalis needs (it cannot use the store's
 /// `Any` pool).
 #[derive(Clone, Debug)]
@@ -139,27 +157,43 @@ impl Pools {
         }
     }
 
-    /// Arguments of the jobs of `queue` that are waiting or running.
-    pub async fn live_jobs<T: DeserializeOwned>(&self, queue: &str) -> Result<Vec<T>, QueueError> {
-        let raw: Vec<Vec<u8>> = match self {
-            Pools::Sqlite(pool) => sqlx::query("SELECT job FROM Jobs WHERE job_type = ?1 AND status IN ('Pending', 'Queued', 'Running')")
-                .bind(queue)
-                .fetch_all(pool)
-                .await?
-                .iter()
-                .map(|r| r.try_get::<Vec<u8>, _>("job"))
-                .collect::<Result<_, _>>()?,
-            Pools::Postgres(pool) => {
-                sqlx::query("SELECT job FROM apalis.jobs WHERE job_type = $1 AND status IN ('Pending', 'Queued', 'Running')")
-                    .bind(queue)
-                    .fetch_all(pool)
-                    .await?
-                    .iter()
-                    .map(|r| r.try_get::<Vec<u8>, _>("job"))
-                    .collect::<Result<_, _>>()?
-            }
+    /// The jobs of `queue` that are waiting or running, with their state.
+    pub async fn live_jobs<T: DeserializeOwned>(&self, queue: &str) -> Result<Vec<LiveJob<T>>, QueueError> {
+        let rows: Vec<(Vec<u8>, String, bool)> = match self {
+            Pools::Sqlite(pool) => sqlx::query(
+                "SELECT job, status, COALESCE(run_at > CAST(strftime('%s', 'now') AS INTEGER), FALSE) AS later FROM Jobs \
+                 WHERE job_type = ?1 AND status IN ('Pending', 'Queued', 'Running')",
+            )
+            .bind(queue)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("job")?, r.try_get("status")?, r.try_get("later")?)))
+            .collect::<Result<_, sqlx::Error>>()?,
+            Pools::Postgres(pool) => sqlx::query(
+                "SELECT job, status, COALESCE(run_at > now(), FALSE) AS later FROM apalis.jobs \
+                 WHERE job_type = $1 AND status IN ('Pending', 'Queued', 'Running')",
+            )
+            .bind(queue)
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("job")?, r.try_get("status")?, r.try_get("later")?)))
+            .collect::<Result<_, sqlx::Error>>()?,
         };
-        Ok(raw.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect())
+        Ok(rows
+            .into_iter()
+            .filter_map(|(job, status, later)| {
+                let args = serde_json::from_slice(&job).ok()?;
+                let state = match status.as_str() {
+                    "Pending" if later => LiveState::Scheduled,
+                    "Pending" => LiveState::Waiting,
+                    "Queued" => LiveState::Fetched,
+                    _ => LiveState::Running,
+                };
+                Some(LiveJob { args, state })
+            })
+            .collect())
     }
 
     /// Jobs of `queue` by state (`dead_lettered` is the caller's to fill in).
