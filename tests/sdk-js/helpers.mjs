@@ -1,7 +1,10 @@
 // Shared helpers of the JS SDK compatibility tests (stream-chat 9.53.0 against offshoot).
 // tests/sdk-js/run.sh starts the server and sets OFFSHOOT_SDK_BASE_URL, OFFSHOOT_SDK_API_KEY
-// and OFFSHOOT_SDK_API_SECRET; the tests never start or build anything themselves.
+// and OFFSHOOT_SDK_API_SECRET; the tests build nothing. The server runs without the worker role:
+// a test that needs backfills starts a worker process on the server's database (startWorker).
 import http from 'node:http';
+import fs from 'node:fs';
+import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { StreamChat } from 'stream-chat';
 
@@ -15,6 +18,41 @@ export const BASE_URL = env('OFFSHOOT_SDK_BASE_URL');
 export const API_KEY = env('OFFSHOOT_SDK_API_KEY');
 export const API_SECRET = env('OFFSHOOT_SDK_API_SECRET');
 export const BACKEND = process.env.OFFSHOOT_SDK_BACKEND ?? 'unknown';
+
+/**
+ * Starts `offshoot serve` with only the worker role on the test server's database (the binary
+ * and database run.sh gives), so backfills begin exactly when a test is ready for them. Its log
+ * is appended to the file run.sh names (printed when the suite fails). `stop()` sends SIGTERM
+ * and waits for the process to end (SIGKILL after 15 s).
+ */
+export function startWorker() {
+  const log = fs.openSync(env('OFFSHOOT_SDK_WORKER_LOG'), 'a');
+  const child = spawn(env('OFFSHOOT_SDK_BIN'), ['serve'], {
+    env: {
+      ...process.env,
+      DATABASE_URL: env('OFFSHOOT_SDK_DATABASE_URL'),
+      OFFSHOOT_LISTEN: '127.0.0.1:0',
+      OFFSHOOT_API_KEY: API_KEY,
+      OFFSHOOT_API_SECRET: API_SECRET,
+      OFFSHOOT_ROLES: 'worker',
+      OFFSHOOT_BACKFILL_PAGE_SIZE: process.env.OFFSHOOT_SDK_BACKFILL_PAGE_SIZE ?? '25',
+      RUST_LOG: process.env.RUST_LOG ?? 'warn',
+    },
+    stdio: ['ignore', log, log],
+  });
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  return {
+    async stop() {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGTERM');
+        const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+        await exited;
+        clearTimeout(timer);
+      }
+      fs.closeSync(log);
+    },
+  };
+}
 
 /** Upper bound for any single awaited event. */
 export const EVENT_TIMEOUT_MS = 20_000;

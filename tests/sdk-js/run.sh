@@ -5,7 +5,7 @@
 # Builds nothing: it runs the server binary that is already there (scripts/test builds it
 # first). For each backend it starts `offshoot serve` on a free loopback port with a fresh
 # database and a fixed key pair, waits for GET /healthz, runs `node --test` on *.test.mjs and
-# stops the server:
+# stops the server (it runs the api and ws roles; tests start a worker process when they need one):
 #   1. SQLite, a fresh file in a temporary directory;
 #   2. PostgreSQL, a fresh database created with psql and dropped afterwards, when a server is
 #      reachable (skipped otherwise, unless OFFSHOOT_REQUIRE_PG=1).
@@ -38,10 +38,10 @@ API_KEY=sdk-js-test-key
 API_SECRET=sdk-js-test-secret-$(printf 'x%.0s' {1..32})
 READY_TIMEOUT_S=60
 STOP_TIMEOUT_S=15
-# A slow backfill (small pages with a pause between them), so that a client can start watching
-# a fork while its history is still being copied. The tests get the delay too.
+# The server runs without the worker role: a test that needs backfills starts a worker process
+# of its own on the same database when it is ready for them (helpers.mjs, startWorker), so a
+# client can watch a fork that is certainly still backfilling. Small pages: several per fork.
 BACKFILL_PAGE_SIZE=25
-BACKFILL_PAGE_DELAY_MS=150
 
 die() { printf 'tests/sdk-js: %s\n' "$*" >&2; exit 1; }
 
@@ -123,8 +123,7 @@ run_pass() {
     (
         cd "$WORK"
         exec env OFFSHOOT_LISTEN="127.0.0.1:$port" DATABASE_URL="$database_url" \
-            OFFSHOOT_API_KEY="$API_KEY" OFFSHOOT_API_SECRET="$API_SECRET" OFFSHOOT_ROLES=api,ws,worker \
-            OFFSHOOT_BACKFILL_PAGE_SIZE=$BACKFILL_PAGE_SIZE OFFSHOOT_BACKFILL_PAGE_DELAY_MS=$BACKFILL_PAGE_DELAY_MS \
+            OFFSHOOT_API_KEY="$API_KEY" OFFSHOOT_API_SECRET="$API_SECRET" OFFSHOOT_ROLES=api,ws \
             RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve
     ) >"$log" 2>&1 &
     SERVER_PID=$!
@@ -152,13 +151,17 @@ run_pass() {
     (
         cd "$HERE"
         exec env OFFSHOOT_SDK_BASE_URL="$base_url" OFFSHOOT_SDK_API_KEY="$API_KEY" OFFSHOOT_SDK_API_SECRET="$API_SECRET" \
-            OFFSHOOT_SDK_BACKEND="$backend" OFFSHOOT_SDK_BACKFILL_PAGE_DELAY_MS=$BACKFILL_PAGE_DELAY_MS \
+            OFFSHOOT_SDK_BACKEND="$backend" OFFSHOOT_SDK_BIN="$BIN" OFFSHOOT_SDK_DATABASE_URL="$database_url" \
+            OFFSHOOT_SDK_BACKFILL_PAGE_SIZE=$BACKFILL_PAGE_SIZE OFFSHOOT_SDK_WORKER_LOG="$WORK/worker-$backend.log" \
             node --test --test-force-exit --test-reporter=spec --test-timeout=120000 "${NODE_ARGS[@]}" ./*.test.mjs
     ) || status=$?
 
     stop_server
     if ((status != 0)); then
         printf -- '\n--- server log (%s, last 20 kB) ---\n%s\n' "$backend" "$(tail -c 20000 "$log")" >&2
+        if [[ -f $WORK/worker-$backend.log ]]; then
+            printf -- '\n--- worker log (%s, last 20 kB) ---\n%s\n' "$backend" "$(tail -c 20000 "$WORK/worker-$backend.log")" >&2
+        fi
     fi
     return "$status"
 }
