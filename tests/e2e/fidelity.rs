@@ -136,3 +136,95 @@ async fn marking_a_channel_read_tells_the_readers_connections_their_new_counters
     assert_eq!(note["cid"], json!("agent:mark-2"), "{note}");
     assert_eq!((note["total_unread_count"].clone(), note["unread_channels"].clone()), (json!(1), json!(1)), "{note}");
 }
+
+/// The next event of `kind` on a socket, passing over others (bounded by [`WAIT`]).
+async fn next_of(ws: &mut Ws, kind: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let v = next_json(ws, deadline.saturating_duration_since(tokio::time::Instant::now())).await.unwrap_or_else(|| panic!("no {kind}"));
+        if v["type"] == json!(kind) {
+            return v;
+        }
+    }
+}
+
+/// `user`'s unread messages in `cid` as the channel's read state says.
+async fn unread_in(app: &TestApp, cid: &str, user: &str) -> i64 {
+    let state = app.state(cid, 1).await;
+    state["read"].as_array().expect("read").iter().find(|r| r["user"]["id"] == json!(user)).expect("a read row")["unread_messages"]
+        .as_i64()
+        .expect("unread_messages")
+}
+
+#[tokio::test]
+async fn a_new_message_carries_each_recipients_counters_and_reaches_members_who_do_not_watch_as_notification_message_new() {
+    let app = TestApp::spawn().await;
+    app.users(&["reader", "watcher", "writer"]).await;
+    app.channel("agent:note-1", "writer", &["reader", "watcher", "writer"]).await;
+    app.channel("agent:note-2", "writer", &["reader", "writer"]).await;
+    app.say("agent:note-2", "writer", "earlier").await;
+    let (mut reader, _) = connect(&app, "reader").await;
+    let (mut watcher, conn) = connect(&app, "watcher").await;
+    app.post(&format!("{}/query?connection_id={conn}", channel_path("agent:note-1")), &app.user("watcher"), json!({"watch": true}))
+        .await
+        .ok();
+
+    let id = app.say("agent:note-1", "writer", "hello").await;
+    let note = next_of(&mut reader, "notification.message_new").await;
+    assert_eq!(note["cid"], json!("agent:note-1"), "{note}");
+    assert_eq!(note["message"]["id"], json!(id), "{note}");
+    assert_eq!(note["channel"]["cid"], json!("agent:note-1"), "the notification carries the channel: {note}");
+    assert_eq!(
+        (note["total_unread_count"].clone(), note["unread_count"].clone(), note["unread_channels"].clone()),
+        (json!(2), json!(2), json!(2)),
+        "reader: one unread here and one in note-2: {note}"
+    );
+    let new = next_of(&mut watcher, "message.new").await;
+    assert_eq!(new["message"]["id"], json!(id), "{new}");
+    assert_eq!((new["total_unread_count"].clone(), new["unread_channels"].clone()), (json!(1), json!(1)), "watcher: {new}");
+
+    // The watcher hears the message once, as message.new: a later marker arrives next.
+    let marker = app.say("agent:note-1", "writer", "marker").await;
+    let next = next_json(&mut watcher, WAIT).await.expect("the marker");
+    assert_eq!((next["type"].clone(), next["message"]["id"].clone()), (json!("message.new"), json!(marker)), "{next}");
+    assert_eq!(next["total_unread_count"], json!(2), "{next}");
+}
+
+#[tokio::test]
+async fn unread_counters_follow_reads_deletes_threads_visibility_and_truncation() {
+    let app = TestApp::spawn().await;
+    app.users(&["reader", "writer"]).await;
+    let cid = "agent:counted";
+    app.channel(cid, "writer", &["reader", "writer"]).await;
+    let mut ids = Vec::new();
+    for text in ["one", "two", "three", "four"] {
+        ids.push(app.say(cid, "writer", text).await);
+    }
+    app.say(cid, "reader", "mine is not unread").await;
+    assert_eq!(unread_in(&app, cid, "reader").await, 4);
+    assert_eq!(unread_in(&app, cid, "writer").await, 1);
+
+    app.delete(&format!("/messages/{}", ids[0]), &app.server()).await.ok();
+    assert_eq!(unread_in(&app, cid, "reader").await, 3, "a deleted message is no longer unread");
+    let reply = app.send_message(cid, json!({"text": "in a thread", "user_id": "writer", "parent_id": ids[2]})).await;
+    let reply_id = reply["id"].as_str().expect("reply id").to_string();
+    assert_eq!(unread_in(&app, cid, "reader").await, 3, "a reply not shown in the channel is not counted");
+    app.put(&format!("/messages/{reply_id}"), &app.server(), json!({"set": {"show_in_channel": true}})).await.ok();
+    assert_eq!(unread_in(&app, cid, "reader").await, 4, "shown in the channel by an update: counted");
+    app.send_message(cid, json!({"text": "for the writer only", "user_id": "writer", "restricted_visibility": ["writer"]})).await;
+    assert_eq!(unread_in(&app, cid, "reader").await, 4, "a message restricted to others is not the reader's");
+
+    app.post(&format!("{}/read", channel_path(cid)), &app.user("reader"), json!({})).await.ok();
+    assert_eq!(unread_in(&app, cid, "reader").await, 0);
+    app.say(cid, "writer", "after the read").await;
+    assert_eq!(unread_in(&app, cid, "reader").await, 1);
+    // Sent with a time before the reader's read mark: already read.
+    app.send_message(cid, json!({"text": "backdated", "user_id": "writer", "created_at": rfc3339(past_ns())})).await;
+    assert_eq!(unread_in(&app, cid, "reader").await, 1, "a message older than the read mark is not unread");
+
+    app.post(&format!("{}/truncate", channel_path(cid)), &app.server(), json!({})).await.ok();
+    assert_eq!(unread_in(&app, cid, "reader").await, 0, "truncation leaves nothing unread");
+    assert_eq!(unread_in(&app, cid, "writer").await, 0);
+    app.say(cid, "writer", "fresh").await;
+    assert_eq!(unread_in(&app, cid, "reader").await, 1);
+}

@@ -493,7 +493,7 @@ pub async fn send_event(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath,
         ..Default::default()
     };
     let rendered = render::event(ctx.dialect, &event);
-    st.store.publish(event, Audience { watchers_of: Some(cid), users: Vec::new(), webhooks: false }).await?;
+    st.store.publish(event, Audience { watchers_of: Some(cid), users: Vec::new(), webhooks: false, ..Default::default() }).await?;
     Ok(ctx.ok(json!({"event": rendered})))
 }
 

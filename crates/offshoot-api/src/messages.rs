@@ -92,7 +92,7 @@ async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage,
         created_at: now,
         ..Default::default()
     };
-    st.store.publish(ev, Audience { watchers_of: None, users: vec![author.id.clone()], webhooks: false }).await?;
+    st.store.publish(ev, Audience { watchers_of: None, users: vec![author.id.clone()], webhooks: false, ..Default::default() }).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
 }
 
@@ -307,7 +307,7 @@ pub async fn ephemeral_update(
         created_at: time::now(),
         ..Default::default()
     };
-    st.store.publish(ev, Audience { watchers_of: Some(ch.cid.clone()), users: Vec::new(), webhooks: false }).await?;
+    st.store.publish(ev, Audience { watchers_of: Some(ch.cid.clone()), users: Vec::new(), webhooks: false, ..Default::default() }).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
 }
 

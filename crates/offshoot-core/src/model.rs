@@ -4,6 +4,7 @@
 use crate::time::Ts;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 pub type Custom = Map<String, Value>;
 
@@ -295,6 +296,23 @@ pub struct Audience {
     pub users: Vec<String>,
     /// Whether webhooks receive it.
     pub webhooks: bool,
+    /// Connections watching this channel are left out (they hear the channel's own event):
+    /// `notification.*` events for members who do not watch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub except_watchers_of: Option<String>,
+    /// Each recipient's unread counters at the time of the event, added to what they receive
+    /// (`total_unread_count`, `unread_count`, `unread_channels`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unread: BTreeMap<String, UnreadCounts>,
+}
+
+/// A user's unread counters, as `me` and events carry them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreadCounts {
+    /// Unread messages over all the user's channels (`total_unread_count`, `unread_count`).
+    pub total: i64,
+    /// Channels with at least one unread message (`unread_channels`).
+    pub channels: i64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

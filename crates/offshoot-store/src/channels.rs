@@ -3,6 +3,7 @@
 use crate::messages::{bind_all, insert_new_message, lock_channel, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
 use crate::rows::{self, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
+use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
@@ -40,15 +41,6 @@ pub struct ChannelUpdate {
     pub remove_members: Vec<String>,
     /// A system message to post, with its author.
     pub message: Option<(NewMessage, User)>,
-}
-
-/// A user's unread counters, as `me` carries them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UnreadCounts {
-    /// Unread messages over all the user's channels (`total_unread_count`, `unread_count`).
-    pub total: i64,
-    /// Channels with at least one unread message (`unread_channels`).
-    pub channels: i64,
 }
 
 /// One member's read state of a channel.
@@ -97,7 +89,7 @@ pub(crate) fn event_for(kind: &str, channel: &Channel, user: Option<User>) -> Ev
 }
 
 pub(crate) fn to_watchers_and_hooks(cid: &str) -> Audience {
-    Audience { watchers_of: Some(cid.to_string()), users: Vec::new(), webhooks: true }
+    Audience { watchers_of: Some(cid.to_string()), users: Vec::new(), webhooks: true, ..Default::default() }
 }
 
 impl Store {
@@ -360,21 +352,16 @@ impl Store {
     }
 
     /// Read state of the first `limit` members of `ch`. A member who never marked the channel
-    /// read has read up to when they joined, so history from before they joined (the copies in
-    /// a fork, for one) is not unread. Unread counts the visible messages of others in the main
-    /// list after `last_read`, system messages excepted.
+    /// read has read up to when they joined; unread messages are counted by the rule of the
+    /// `unread` module (kept in `member.unread_count`).
     pub async fn member_read_states(&self, ch: &Channel, limit: i64) -> Result<Vec<ReadState>> {
         let rows: Vec<AnyRow> = sqlx::query(
             "SELECT mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
-             (SELECT COUNT(*) FROM message m WHERE m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) AND m.created_at > $2 \
-              AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
-              AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-              AND (m.restricted_visibility = '[]' OR EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = m.id AND mr.user_id = mb.user_id))) AS unread \
+             mb.unread_count AS unread \
              FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
-             WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $3",
+             WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $2",
         )
         .bind(ch.cid.clone())
-        .bind(ch.truncated_at.unwrap_or(i64::MIN))
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
@@ -391,11 +378,10 @@ impl Store {
     }
 
     /// A user's unread messages over every channel they are a member of, and in how many
-    /// channels they are, by the rule of [`Store::member_read_states`]: one query, which reads
-    /// only the messages after each channel's read mark.
+    /// channels they are: a read of their member rows (`unread` module).
     pub async fn unread_counts(&self, user_id: &str) -> Result<UnreadCounts> {
         let mut conn = self.pool().acquire().await?;
-        unread_counts_on(&mut conn, user_id).await
+        unread::counts_of(&mut conn, user_id).await
     }
 
     /// Read state of a channel: (user_id, last_read, last_read_message_id).
@@ -414,10 +400,11 @@ impl Store {
         self.retrying("mark_read", || self.mark_read_once(cid, user, message_id)).await
     }
 
-    /// One upsert of the member's read row; the channel row is only read.
+    /// One upsert of the member's read row and their unread counter set to zero, under the
+    /// channel's lock (a message sent at the same time counts by the read mark it sees).
     async fn mark_read_once(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
         let mut tx = self.begin().await?;
-        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let Some(ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         let now = time::now();
         sqlx::query("INSERT INTO channel_read (cid, user_id, last_read, last_read_message_id, created_at, updated_at) VALUES ($1, $2, $3, $4, $3, $3) ON CONFLICT (cid, user_id) DO UPDATE SET last_read = $3, last_read_message_id = $4, updated_at = $3")
             .bind(cid.to_string())
@@ -426,15 +413,16 @@ impl Store {
             .bind(message_id.map(str::to_string))
             .execute(&mut *tx.tx)
             .await?;
+        unread::clear(&mut tx, cid, &user.id).await?;
         tx.event(event_for("message.read", &ch, Some(user.clone())), to_watchers_and_hooks(cid)).await?;
         // The reader's own connections learn their new counters, as Stream's clients expect.
-        let unread = unread_counts_on(&mut tx.tx, &user.id).await?;
+        let unread = unread::counts_of(&mut tx.tx, &user.id).await?;
         let mut note = event_for("notification.mark_read", &ch, Some(user.clone()));
         note.extra.insert("total_unread_count".into(), unread.total.into());
         note.extra.insert("unread_count".into(), unread.total.into());
         note.extra.insert("unread_channels".into(), unread.channels.into());
         note.extra.insert("unread_messages".into(), 0.into());
-        tx.event(note, Audience { watchers_of: None, users: vec![user.id.clone()], webhooks: false }).await?;
+        tx.event(note, Audience { watchers_of: None, users: vec![user.id.clone()], webhooks: false, ..Default::default() }).await?;
         tx.commit(self).await?;
         Ok(now)
     }
@@ -538,7 +526,7 @@ pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberI
         let mut note = event_for("notification.added_to_channel", ch, actor.cloned());
         note.member = Some(member);
         note.channel = Some(ch.clone());
-        tx.event(note, Audience { watchers_of: None, users: vec![m.user_id.clone()], webhooks: false }).await?;
+        tx.event(note, Audience { watchers_of: None, users: vec![m.user_id.clone()], webhooks: false, ..Default::default() }).await?;
     }
     Ok(())
 }
@@ -575,28 +563,9 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
         let mut note = event_for("notification.removed_from_channel", ch, actor.cloned());
         note.member = Some(member);
         note.channel = Some(ch.clone());
-        tx.event(note, Audience { watchers_of: None, users: vec![uid.clone()], webhooks: false }).await?;
+        tx.event(note, Audience { watchers_of: None, users: vec![uid.clone()], webhooks: false, ..Default::default() }).await?;
     }
     Ok(())
-}
-
-/// [`Store::unread_counts`] on a connection (inside a transaction: as it sees its own writes).
-pub(crate) async fn unread_counts_on(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
-    let row: AnyRow = sqlx::query(AssertSqlSafe(format!(
-        "SELECT COUNT(*) AS total, COUNT(DISTINCT m.cid) AS channels FROM member mb \
-         JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL \
-         LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
-         JOIN message m ON m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) \
-         WHERE mb.user_id = $1 AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at) \
-         AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
-         AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-         AND (m.restricted_visibility = '[]' OR {})",
-        crate::messages::restricted_to("m.id", "mb.user_id")
-    )))
-    .bind(user_id.to_string())
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(UnreadCounts { total: rows::get_i64(&row, "total")?, channels: rows::get_i64(&row, "channels")? })
 }
 
 /// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.

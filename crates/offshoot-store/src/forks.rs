@@ -293,14 +293,14 @@ async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
         let mut ev = event_for("channel.forked", src, user.clone());
         ev.channel = Some(src.clone());
         ev.fork = Some(summary.clone());
-        tx.event(ev, Audience { watchers_of: Some(src.cid.clone()), users: Vec::new(), webhooks: true }).await?;
+        tx.event(ev, Audience { watchers_of: Some(src.cid.clone()), users: Vec::new(), webhooks: true, ..Default::default() }).await?;
     }
     let members: Vec<String> =
         load_members(&mut tx.tx, fork_cid, plan::MAX_MEMBERS as i64, 0).await?.into_iter().map(|m| m.user_id).collect();
     let mut ev = event_for("channel.forked", &fork_ch, user);
     ev.channel = Some(fork_ch.clone());
     ev.fork = Some(summary);
-    tx.event(ev, Audience { watchers_of: Some(fork_cid.to_string()), users: members, webhooks: source_gone }).await?;
+    tx.event(ev, Audience { watchers_of: Some(fork_cid.to_string()), users: members, webhooks: source_gone, ..Default::default() }).await?;
     Ok(())
 }
 
@@ -568,14 +568,14 @@ impl Store {
         let channel = reload(&mut tx, &fork_cid).await?;
         let mut ev = event_for("channel.created", &channel, creator.clone());
         ev.channel = Some(channel.clone());
-        tx.event(ev, Audience { watchers_of: Some(fork_cid.clone()), users: Vec::new(), webhooks: true }).await?;
+        tx.event(ev, Audience { watchers_of: Some(fork_cid.clone()), users: Vec::new(), webhooks: true, ..Default::default() }).await?;
         let member_rows = load_members(&mut tx.tx, &fork_cid, plan::MAX_MEMBERS as i64, 0).await?;
         for m in member_rows {
             let uid = m.user_id.clone();
             let mut note: Event = event_for("notification.added_to_channel", &channel, creator.clone());
             note.channel = Some(channel.clone());
             note.member = Some(m);
-            tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false }).await?;
+            tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false, ..Default::default() }).await?;
         }
         let finished = failure.is_some() || nothing_left;
         match failure {

@@ -48,13 +48,15 @@ mod messages;
 mod ops;
 mod query;
 mod rows;
+mod unread;
 mod users;
 
-pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState, UnreadCounts};
+pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState};
 pub use deliveries::DeadLetterRecord;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
+pub use unread::UnreadCounts;
 pub use users::{UserInput, UserPatch};
 
 use offshoot_core::{Error, ErrorKind};

@@ -5,7 +5,7 @@ use crate::channels::{event_for, load_channel, lock_and_load, reload, to_watcher
 use crate::rows::{self, placeholders, MESSAGE_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
+use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -155,9 +155,17 @@ impl Store {
         }
         let author = ensure_user(&mut tx, author).await?;
         let m = insert_new_message(&mut tx, &ch, new, &author).await?;
+        // Every member hears their counters with the message; members who do not watch the
+        // channel hear it as `notification.message_new` (with the channel), as Stream sends it.
+        let unread = crate::unread::counts_of_members(&mut tx.tx, cid).await?;
         let mut ev = event_for("message.new", &ch, Some(author.clone()));
         ev.message = Some(m.clone());
-        tx.event(ev, to_watchers_and_hooks(cid)).await?;
+        let mut note = ev.clone();
+        note.kind = "notification.message_new".into();
+        note.channel = Some(ch.clone());
+        let members: Vec<String> = unread.keys().cloned().collect();
+        tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(cid) }).await?;
+        tx.event(note, Audience { users: members, except_watchers_of: Some(cid.to_string()), unread, ..Default::default() }).await?;
         tx.commit(self).await?;
         Ok((m, ch.truncated_at))
     }
@@ -190,6 +198,7 @@ impl Store {
         };
         let before_text = m.text.clone();
         let before_restricted = m.restricted_visibility.clone();
+        let before_shown = m.show_in_channel;
         change(&mut m)?;
         let now = time::now();
         m.updated_at = now;
@@ -220,6 +229,9 @@ impl Store {
         if m.restricted_visibility != before_restricted {
             sqlx::query("DELETE FROM message_restricted WHERE message_id = $1").bind(m.id.clone()).execute(&mut *tx.tx).await?;
             insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(&m)).await?;
+        }
+        if m.restricted_visibility != before_restricted || m.show_in_channel != before_shown {
+            crate::unread::recount(&mut tx, &ch.cid, None).await?;
         }
         let mut out = vec![m];
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, ch.truncated_at).await?;
@@ -271,6 +283,7 @@ impl Store {
             }
         }
         if !was_deleted || hard {
+            crate::unread::recount(&mut tx, &ch.cid, None).await?;
             m.deleted_at = Some(m.deleted_at.unwrap_or(now));
             m.kind = "deleted".into();
             m.updated_at = now;
@@ -452,6 +465,7 @@ impl Store {
             .bind(cid.to_string())
             .execute(&mut *tx.tx)
             .await?;
+        crate::unread::recount(&mut tx, cid, None).await?;
         let ch = reload(&mut tx, cid).await?;
         let mut sys = None;
         if let Some(new) = message {
@@ -550,6 +564,7 @@ impl Store {
             .execute(&mut *tx.tx)
             .await?;
         sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+        crate::unread::recount(&mut tx, cid, None).await?;
         let ch = reload(&mut tx, cid).await?;
         let mut ev = event_for("channel.rewound", &ch, actor.cloned());
         ev.channel = Some(ch.clone());
@@ -728,6 +743,7 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
         ..Default::default()
     };
     insert_message_row(tx, &m).await?;
+    crate::unread::count_new_message(tx, &m, ch.truncated_at).await?;
     if let Some(pid) = &m.parent_id {
         sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1").bind(pid.clone()).execute(&mut *tx.tx).await?;
     }

@@ -208,16 +208,8 @@ fn channel_leaf(b: &mut SqlBuilder, field: &ChannelField, op: &Op, user: Option<
             let cond = if *field == ChannelField::Joined {
                 format!("EXISTS (SELECT 1 FROM member mj WHERE mj.cid = c.cid AND mj.user_id = {u})")
             } else {
-                // The unread rule of `Store::member_read_states`.
-                format!(
-                    "EXISTS (SELECT 1 FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
-                     JOIN message m ON m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) \
-                     WHERE mb.cid = c.cid AND mb.user_id = {u} AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at) \
-                     AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
-                     AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-                     AND (m.restricted_visibility = '[]' OR {}))",
-                    crate::messages::restricted_to("m.id", "mb.user_id")
-                )
+                // The counter the `unread` module keeps.
+                format!("EXISTS (SELECT 1 FROM member mb WHERE mb.cid = c.cid AND mb.user_id = {u} AND mb.unread_count > 0)")
             };
             if want {
                 cond

@@ -17,7 +17,7 @@ mod conn;
 use axum::extract::ws::Utf8Bytes;
 use axum::routing::get;
 use axum::Router;
-use offshoot_core::model::{Event, OutboxEvent, Watchers, UNWATCH_EVENT, WATCH_EVENT};
+use offshoot_core::model::{Event, OutboxEvent, UnreadCounts, Watchers, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::render::{self, Dialect};
 use offshoot_store::Store;
 use serde_json::Value;
@@ -232,6 +232,9 @@ impl Hub {
             }
             let mut seen = HashSet::with_capacity(targets.len());
             targets.retain(|id| seen.insert(*id));
+            if let Some(cid) = &ev.audience.except_watchers_of {
+                targets.retain(|id| reg.conns.get(*id).is_none_or(|c| !c.watching.contains(cid)));
+            }
             let mut rendered: [Option<Utf8Bytes>; 2] = [None, None];
             for id in targets {
                 let Some(conn) = reg.conns.get(id) else {
@@ -244,7 +247,11 @@ impl Hub {
                     Dialect::Legacy => 0,
                     Dialect::V2 => 1,
                 };
-                let text = rendered[slot].get_or_insert_with(|| render_event(&reg, conn.dialect, &ev.event)).clone();
+                let plain = rendered[slot].get_or_insert_with(|| render_event(&reg, conn.dialect, &ev.event));
+                let text = match ev.audience.unread.get(&conn.user_id) {
+                    Some(u) => with_unread(plain.as_str(), u),
+                    None => plain.clone(),
+                };
                 match conn.queue.try_send(text) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
@@ -348,6 +355,22 @@ fn render_event(reg: &Registry, dialect: Dialect, event: &Event) -> Utf8Bytes {
     Utf8Bytes::from(value.to_string())
 }
 
+/// The rendered event (a JSON object's text) with one recipient's unread counters appended as
+/// members of the object: no second rendering per recipient.
+fn with_unread(plain: &str, u: &UnreadCounts) -> Utf8Bytes {
+    match plain.strip_suffix('}') {
+        Some(head) => {
+            let sep = if head.ends_with('{') { "" } else { "," };
+            Utf8Bytes::from(format!(
+                "{head}{sep}\"total_unread_count\":{t},\"unread_count\":{t},\"unread_channels\":{c}}}",
+                t = u.total,
+                c = u.channels
+            ))
+        }
+        None => Utf8Bytes::from(plain.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,7 +436,12 @@ mod tests {
         let (mut c, _) = conn(&hub, "c", "carol", 8);
         assert!(hub.watch("a", Some("alice"), "agent:c1"));
         assert!(!hub.watch("nope", None, "agent:c1"));
-        let audience = Audience { watchers_of: Some("agent:c1".into()), users: vec!["alice".into(), "bob".into()], webhooks: false };
+        let audience = Audience {
+            watchers_of: Some("agent:c1".into()),
+            users: vec!["alice".into(), "bob".into()],
+            webhooks: false,
+            ..Default::default()
+        };
         hub.dispatch(&outbox(message_event("alice", false, &[]), audience));
         let text = a.try_recv().unwrap();
         let v: Value = serde_json::from_str(text.as_str()).unwrap();
@@ -422,6 +450,34 @@ mod tests {
         assert!(a.try_recv().is_err(), "alice is a watcher and named, but gets the event once");
         assert!(b.try_recv().is_ok());
         assert!(c.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn each_recipient_gets_its_own_unread_counters_and_notifications_skip_watchers() {
+        let (hub, _dir) = hub().await;
+        let (mut a, _) = conn(&hub, "a", "alice", 8);
+        let (mut b, _) = conn(&hub, "b", "bob", 8);
+        hub.watch("a", None, "agent:c1");
+        let mut unread = std::collections::BTreeMap::new();
+        unread.insert("alice".to_string(), UnreadCounts { total: 3, channels: 2 });
+        let audience = Audience { watchers_of: Some("agent:c1".into()), users: vec!["bob".into()], unread, ..Default::default() };
+        hub.dispatch(&outbox(message_event("carol", false, &[]), audience));
+        let va: Value = serde_json::from_str(a.try_recv().unwrap().as_str()).unwrap();
+        assert_eq!(
+            (va["total_unread_count"].clone(), va["unread_count"].clone(), va["unread_channels"].clone()),
+            (3.into(), 3.into(), 2.into())
+        );
+        assert_eq!(va["type"], "message.new", "the rest of the event is intact: {va}");
+        let vb: Value = serde_json::from_str(b.try_recv().unwrap().as_str()).unwrap();
+        assert!(vb.get("total_unread_count").is_none(), "bob has no counters in this event: {vb}");
+
+        let mut note = message_event("carol", false, &[]);
+        note.kind = "notification.message_new".into();
+        let audience =
+            Audience { users: vec!["alice".into(), "bob".into()], except_watchers_of: Some("agent:c1".into()), ..Default::default() };
+        hub.dispatch(&outbox(note, audience));
+        assert!(a.try_recv().is_err(), "alice watches the channel: she heard message.new instead");
+        assert_eq!(serde_json::from_str::<Value>(b.try_recv().unwrap().as_str()).unwrap()["type"], "notification.message_new");
     }
 
     #[tokio::test]

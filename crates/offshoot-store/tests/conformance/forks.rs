@@ -157,11 +157,14 @@ async fn a_fork_of_a_short_history_copies_what_a_client_sees_and_completes_at_on
         assert_eq!(events[1].audience.users, strings(&["amy"]));
         assert_eq!(events[2].audience.users, strings(&["ben"]));
         assert_eq!(events[3].event.cid.as_deref(), Some("agent:src"));
-        assert_eq!(events[3].audience, Audience { watchers_of: Some("agent:src".into()), users: vec![], webhooks: true });
+        assert_eq!(
+            events[3].audience,
+            Audience { watchers_of: Some("agent:src".into()), users: vec![], webhooks: true, ..Default::default() }
+        );
         assert_eq!(events[4].event.cid.as_deref(), Some(fc));
         assert_eq!(
             events[4].audience,
-            Audience { watchers_of: Some(fc.into()), users: strings(&["amy", "ben"]), webhooks: false },
+            Audience { watchers_of: Some(fc.into()), users: strings(&["amy", "ben"]), webhooks: false, ..Default::default() },
             "the fork's channel.forked is WebSocket only"
         );
         for e in &events[3..] {

@@ -59,6 +59,7 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
                 "member.added",
                 "notification.added_to_channel",
                 "message.new",
+                "notification.message_new",
                 "message.updated",
                 "reaction.new",
                 "reaction.deleted",
@@ -79,13 +80,27 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
         assert_eq!(s.last_event_seq().await.expect("seq"), events.last().expect("events").seq);
         assert!(events.iter().all(|e| e.event.cid.as_deref() == Some(cid.as_str())), "every event names its channel");
         for e in &events {
-            if e.event.kind.starts_with("notification.") {
+            if e.event.kind == "message.new" || e.event.kind == "notification.message_new" {
+                // Each member's unread counters ride along; the notification skips watchers.
+                let mut unread = std::collections::BTreeMap::new();
+                unread.insert("amy".to_string(), offshoot_store::UnreadCounts::default());
+                let expected = match e.event.kind.as_str() {
+                    "message.new" => Audience { unread, ..watchers_and_hooks(&cid) },
+                    _ => Audience { users: strings(&["amy"]), except_watchers_of: Some(cid.clone()), unread, ..Default::default() },
+                };
+                assert_eq!(e.audience, expected, "{}", e.event.kind);
+            } else if e.event.kind.starts_with("notification.") {
                 // Membership notifications go to the member, mark_read to the reader.
                 let to = match &e.event.member {
                     Some(m) => m.user_id.clone(),
                     None => e.event.user.as_ref().expect("a notification names its user").id.clone(),
                 };
-                assert_eq!(e.audience, Audience { watchers_of: None, users: vec![to], webhooks: false }, "{}", e.event.kind);
+                assert_eq!(
+                    e.audience,
+                    Audience { watchers_of: None, users: vec![to], webhooks: false, ..Default::default() },
+                    "{}",
+                    e.event.kind
+                );
             } else {
                 assert_eq!(e.audience, watchers_and_hooks(&cid), "{}", e.event.kind);
             }
@@ -141,7 +156,7 @@ async fn publish_stores_a_client_event_as_given_and_wakes_waiters() {
         tokio::pin!(woken);
         woken.as_mut().enable();
         let event = custom_event("ai_indicator.update", 7);
-        let audience = Audience { watchers_of: None, users: strings(&["amy", "ben"]), webhooks: false };
+        let audience = Audience { watchers_of: None, users: strings(&["amy", "ben"]), webhooks: false, ..Default::default() };
         s.publish(event.clone(), audience.clone()).await.expect("publish");
         tokio::time::timeout(Duration::from_secs(5), woken).await.expect("a commit with events wakes the waiters");
         let stored = s.events_after(0, 10).await.expect("events");

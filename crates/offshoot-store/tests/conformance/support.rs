@@ -302,7 +302,7 @@ pub fn kinds(events: &[OutboxEvent]) -> Vec<String> {
 }
 
 pub fn watchers_and_hooks(cid: &str) -> Audience {
-    Audience { watchers_of: Some(cid.to_string()), users: Vec::new(), webhooks: true }
+    Audience { watchers_of: Some(cid.to_string()), users: Vec::new(), webhooks: true, ..Default::default() }
 }
 
 #[test]

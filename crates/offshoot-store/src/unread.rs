@@ -1,0 +1,121 @@
+//! Unread counters: `member.unread_count`, each member's unread messages in one channel.
+//!
+//! The rule (as Stream's clients count): a message is unread for a member when it is newer than
+//! the member's read mark (or, without one, than when they joined, so a fork's copied history
+//! is not unread), newer than the channel's truncation, written by someone else, visible to the
+//! member (not hidden by a rewind, not deleted, not shadowed, restricted visibility naming
+//! them), in the main list (top level, or a reply shown in the channel), and not a system,
+//! ephemeral or error message.
+//!
+//! The counter is kept by the writes that change it, in their transaction, under the channel's
+//! lock (crate doc, lock order): a new message adds one for exactly the members it is unread
+//! for ([`count_new_message`]); a read sets the reader's to zero; everything rarer (deletes,
+//! truncation, rewinds, visibility changes, a channel made again) recounts the channel by the
+//! rule ([`recount`]). Reads (`me`, read states, `has_unread`, the counters sent with events)
+//! then read member rows, never messages.
+
+use crate::rows;
+use crate::{Result, Tx};
+use offshoot_core::model::Message;
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, AssertSqlSafe};
+use std::collections::BTreeMap;
+
+pub use offshoot_core::model::UnreadCounts;
+
+/// Whether a message counts toward unread counters at all (whoever reads it).
+fn counts(m: &Message, truncated_at: Option<i64>) -> bool {
+    !m.shadowed
+        && !matches!(m.kind.as_str(), "system" | "deleted" | "ephemeral" | "error")
+        && (m.parent_id.is_none() || m.show_in_channel)
+        && truncated_at.is_none_or(|t| m.created_at > t)
+}
+
+/// Adds one to the counter of every member the new message `m` is unread for (the rule of the
+/// module doc, evaluated for one message). Run after the message and its restricted-visibility
+/// rows are written, with the channel locked.
+pub(crate) async fn count_new_message(tx: &mut Tx, m: &Message, truncated_at: Option<i64>) -> Result<()> {
+    if !counts(m, truncated_at) {
+        return Ok(());
+    }
+    let restricted = if m.restricted_visibility.is_empty() {
+        String::new()
+    } else {
+        format!(" AND {}", crate::messages::restricted_to("$4", "member.user_id"))
+    };
+    let mut q = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE member SET unread_count = unread_count + 1 \
+         WHERE cid = $1 AND user_id <> $2 AND created_at < $3 \
+         AND NOT EXISTS (SELECT 1 FROM channel_read r WHERE r.cid = member.cid AND r.user_id = member.user_id AND r.last_read >= $3){restricted}"
+    )))
+    .bind(m.cid.clone())
+    .bind(m.user_id.clone())
+    .bind(m.created_at);
+    if !m.restricted_visibility.is_empty() {
+        q = q.bind(m.id.clone());
+    }
+    q.execute(&mut *tx.tx).await?;
+    Ok(())
+}
+
+/// Recounts the counters of the members of `cid` (only `user`'s when given) by the rule.
+pub(crate) async fn recount(tx: &mut Tx, cid: &str, user: Option<&str>) -> Result<()> {
+    let only = if user.is_some() { " AND user_id = $2" } else { "" };
+    let sql = format!(
+        "UPDATE member SET unread_count = (\
+           SELECT COUNT(*) FROM message m JOIN channel c ON c.cid = m.cid \
+           WHERE m.cid = member.cid \
+           AND m.created_at > COALESCE((SELECT r.last_read FROM channel_read r WHERE r.cid = member.cid AND r.user_id = member.user_id), member.created_at) \
+           AND (c.truncated_at IS NULL OR m.created_at > c.truncated_at) \
+           AND m.user_id <> member.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
+           AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
+           AND (m.restricted_visibility = '[]' OR {})) \
+         WHERE cid = $1{only}",
+        crate::messages::restricted_to("m.id", "member.user_id")
+    );
+    let mut q = sqlx::query(AssertSqlSafe(sql)).bind(cid.to_string());
+    if let Some(u) = user {
+        q = q.bind(u.to_string());
+    }
+    q.execute(&mut *tx.tx).await?;
+    Ok(())
+}
+
+/// Sets `user`'s counter in `cid` to zero (they read everything).
+pub(crate) async fn clear(tx: &mut Tx, cid: &str, user: &str) -> Result<()> {
+    sqlx::query("UPDATE member SET unread_count = 0 WHERE cid = $1 AND user_id = $2")
+        .bind(cid.to_string())
+        .bind(user.to_string())
+        .execute(&mut *tx.tx)
+        .await?;
+    Ok(())
+}
+
+/// The SQL of a user's counters over their channels that are not deleted, grouped by user.
+const TOTALS: &str = "SELECT mb.user_id AS user_id, CAST(SUM(mb.unread_count) AS BIGINT) AS total, \
+     CAST(SUM(CASE WHEN mb.unread_count > 0 THEN 1 ELSE 0 END) AS BIGINT) AS channels \
+     FROM member mb JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL";
+
+fn totals(r: &AnyRow) -> Result<(String, UnreadCounts)> {
+    Ok((rows::get_str(r, "user_id")?, UnreadCounts { total: rows::get_i64(r, "total")?, channels: rows::get_i64(r, "channels")? }))
+}
+
+/// One user's counters over all their channels (a read of their member rows).
+pub(crate) async fn counts_of(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
+    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id = $1 GROUP BY mb.user_id")))
+        .bind(user_id.to_string())
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(row.as_ref().map(totals).transpose()?.map(|(_, c)| c).unwrap_or_default())
+}
+
+/// The counters of every member of `cid`, each over all their channels: what the events of a
+/// new message carry to each recipient.
+pub(crate) async fn counts_of_members(conn: &mut AnyConnection, cid: &str) -> Result<BTreeMap<String, UnreadCounts>> {
+    let rows: Vec<AnyRow> =
+        sqlx::query(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id")))
+            .bind(cid.to_string())
+            .fetch_all(&mut *conn)
+            .await?;
+    rows.iter().map(totals).collect()
+}
