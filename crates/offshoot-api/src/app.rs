@@ -61,8 +61,15 @@ fn user_input(v: &Value) -> Result<UserInput, Error> {
     })
 }
 
-fn users_map(d: Dialect, users: &[offshoot_core::model::User]) -> Value {
-    Value::Object(users.iter().map(|u| (u.id.clone(), render::user(d, u))).collect())
+async fn users_map(st: &ApiState, d: Dialect, users: &[offshoot_core::model::User]) -> Result<Value, Error> {
+    Ok(Value::Object(full_users(st, d, users).await?.into_iter().collect()))
+}
+
+/// Users as the users endpoints answer them, each with their unread counters.
+async fn full_users(st: &ApiState, d: Dialect, users: &[offshoot_core::model::User]) -> Result<Vec<(String, Value)>, Error> {
+    let ids: Vec<String> = users.iter().map(|u| u.id.clone()).collect();
+    let counts = st.store.unread_counts_of(&ids).await?;
+    Ok(users.iter().map(|u| (u.id.clone(), render::full_user(d, u, counts.get(&u.id).copied().unwrap_or_default()))).collect())
 }
 
 /// `POST /users`: `{"users": {"id": {...}}}` (or a list).
@@ -77,7 +84,7 @@ pub async fn upsert_users(State(st): State<ApiState>, ctx: Ctx, Body(body): Body
         return Err(Error::input("at most 100 users per request").into());
     }
     let users = st.store.upsert_users(&inputs).await?;
-    Ok(ctx.ok(json!({"users": users_map(ctx.dialect, &users), "membership_deletion_task_id": ""})))
+    Ok(ctx.ok(json!({"users": users_map(&st, ctx.dialect, &users).await?, "membership_deletion_task_id": ""})))
 }
 
 /// `PATCH /users`: `{"users": [{"id", "set", "unset"}]}`.
@@ -101,7 +108,7 @@ pub async fn partial_update_users(State(st): State<ApiState>, ctx: Ctx, Body(bod
         patches.push(UserPatch { id, set, unset });
     }
     let out = st.store.partial_update_users(&patches).await?;
-    Ok(ctx.ok(json!({"users": users_map(ctx.dialect, &out), "membership_deletion_task_id": ""})))
+    Ok(ctx.ok(json!({"users": users_map(&st, ctx.dialect, &out).await?, "membership_deletion_task_id": ""})))
 }
 
 /// `GET /users?payload={"filter_conditions": {…}, "sort": […], "limit", "offset"}`: Query
@@ -120,7 +127,7 @@ pub async fn query_users(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json
     }
     let offset = i64_opt(&payload, "offset")?.unwrap_or(0);
     let users = st.store.query_users(&tree, &sort, limit, offset).await?;
-    let users: Vec<Value> = users.iter().map(|u| render::user(ctx.dialect, u)).collect();
+    let users: Vec<Value> = full_users(&st, ctx.dialect, &users).await?.into_iter().map(|(_, u)| u).collect();
     Ok(ctx.ok(json!({"users": users})))
 }
 

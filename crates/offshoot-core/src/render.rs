@@ -77,6 +77,22 @@ pub fn user(d: Dialect, u: &User) -> Value {
     d.with_custom(o, &u.custom)
 }
 
+/// A user as the users endpoints answer it (Stream's full user): the user, their unread
+/// counters, and the lists Offshoot does not keep (mutes, devices), empty.
+pub fn full_user(d: Dialect, u: &User, unread: crate::model::UnreadCounts) -> Value {
+    let mut v = user(d, u);
+    if let Value::Object(o) = &mut v {
+        o.insert("total_unread_count".into(), unread.total.into());
+        o.insert("unread_count".into(), unread.total.into());
+        o.insert("unread_channels".into(), unread.channels.into());
+        o.insert("unread_threads".into(), 0.into());
+        for list in ["mutes", "channel_mutes", "devices"] {
+            o.insert(list.into(), json!([]));
+        }
+    }
+    v
+}
+
 fn user_or_id(d: Dialect, u: Option<&User>, id: &str) -> Value {
     match u {
         Some(u) => user(d, u),
@@ -150,7 +166,7 @@ pub fn channel(d: Dialect, ch: &Channel, own_capabilities: &[&str]) -> Value {
             "typing_events": true, "read_events": true, "connect_events": true, "search": true,
             "reactions": true, "replies": true, "quotes": true, "mutes": true, "uploads": true,
             "url_enrichment": false, "custom_events": true, "push_notifications": true,
-            "count_messages": true, "delivery_events": false, "polls": false, "reminders": false,
+            "count_messages": true, "delivery_events": false, "polls": false, "reminders": false, "user_message_reminders": false,
             "shared_locations": false, "mark_messages_pending": false, "skip_last_msg_update_for_system_msgs": false,
             "message_retention": "infinite", "max_message_length": c.max_message_length,
             "automod": "disabled", "automod_behavior": "flag", "commands": [],

@@ -384,6 +384,12 @@ impl Store {
         unread::counts_of(&mut conn, user_id).await
     }
 
+    /// The unread counters of each of `users` (one query over their member rows).
+    pub async fn unread_counts_of(&self, users: &[String]) -> Result<std::collections::BTreeMap<String, UnreadCounts>> {
+        let mut conn = self.pool().acquire().await?;
+        unread::counts_of_users(&mut conn, users).await
+    }
+
     /// Read state of a channel: (user_id, last_read, last_read_message_id).
     pub async fn read_states(&self, cid: &str) -> Result<Vec<(String, i64, Option<String>)>> {
         let rows: Vec<AnyRow> =

@@ -119,3 +119,17 @@ pub(crate) async fn counts_of_members(conn: &mut AnyConnection, cid: &str) -> Re
             .await?;
     rows.iter().map(totals).collect()
 }
+
+/// The counters of each of `users` (those with no channel have none: zero).
+pub(crate) async fn counts_of_users(conn: &mut AnyConnection, users: &[String]) -> Result<BTreeMap<String, UnreadCounts>> {
+    if users.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let list = rows::placeholders(1, users.len());
+    let mut q = sqlx::query(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id IN ({list}) GROUP BY mb.user_id")));
+    for u in users {
+        q = q.bind(u.clone());
+    }
+    let rows: Vec<AnyRow> = q.fetch_all(&mut *conn).await?;
+    rows.iter().map(totals).collect()
+}
