@@ -375,3 +375,65 @@ async fn reads_and_writes_racing_a_hard_delete_of_their_channel_answer_without_a
     let r = a.get(&format!("/messages/{id}"), &a.server()).await;
     assert_eq!(r.status, 404, "the message went with its channel: {}", r.body);
 }
+
+/// The unread messages of `user` by the rule, from what the channel's state shows: messages of
+/// others after the user's read mark (deleted ones excepted).
+fn unread_by_rule(state: &Value, user: &str) -> i64 {
+    let read = state["read"].as_array().expect("read").iter().find(|r| r["user"]["id"] == json!(user)).expect("read row");
+    let last_read = ts_of(&read["last_read"]);
+    state["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["user"]["id"] != json!(user) && m["type"] == json!("regular") && ts_of(&m["created_at"]) > last_read)
+        .count() as i64
+}
+
+#[tokio::test]
+async fn racing_sends_reads_and_deletes_leave_every_members_unread_counter_by_the_rule() {
+    let (a, b) = two_servers().await;
+    let users: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
+    let refs: Vec<&str> = users.iter().map(String::as_str).chain(["writer"]).collect();
+    a.users(&refs).await;
+    let cid = "agent:unread-race";
+    a.channel(cid, "writer", &refs).await;
+    let mut early = Vec::new();
+    for i in 0..5 {
+        early.push(a.say(cid, "writer", &format!("early {i}")).await);
+    }
+    for round in 0..3 {
+        let early = early.clone();
+        let out = burst(&a, &b, move |i, c| {
+            let (cid, early) = (cid.to_string(), early.clone());
+            async move {
+                let token = c.server();
+                match i % 5 {
+                    // Reads by each reader in turn.
+                    0 => c.post(&format!("{}/read", channel_path(&cid)), &c.user(&format!("r{}", (i / 5) % 4)), json!({})).await,
+                    // A delete of an early message (the first wins, the rest find it deleted).
+                    1 if round == 0 => c.delete(&format!("/messages/{}", early[i / 5]), &token).await,
+                    // Messages from the writer and from the readers.
+                    _ => {
+                        let from = if i % 3 == 0 { format!("r{}", i % 4) } else { "writer".to_string() };
+                        c.post(
+                            &format!("{}/message", channel_path(&cid)),
+                            &token,
+                            json!({"message": {"text": format!("m{round}-{i}"), "user_id": from}}),
+                        )
+                        .await
+                    }
+                }
+            }
+        })
+        .await;
+        all_ok(&out);
+    }
+    let state = a.state(cid, 300).await;
+    for user in refs {
+        let counter = state["read"].as_array().expect("read").iter().find(|r| r["user"]["id"] == json!(user)).expect("read row")
+            ["unread_messages"]
+            .as_i64()
+            .expect("unread_messages");
+        assert_eq!(counter, unread_by_rule(&state, user), "{user}'s counter against the rule");
+    }
+}
