@@ -617,3 +617,71 @@ async fn a_frame_over_64_kib_closes_the_connection_and_the_server_keeps_serving(
     assert_eq!(closed_with, Some(1009), "message too big");
     let (_again, _) = connect_user(&app, "alice").await;
 }
+
+/// REST's answer to a `POST /channels` with `token` and `api_key`: (HTTP status, code, message).
+async fn rest_verdict(app: &TestApp, api_key: &str, token: &str) -> (Value, Value, Value) {
+    let rb = app
+        .http
+        .post(format!("{}/channels?api_key={api_key}", app.base))
+        .header("Authorization", token)
+        .header("stream-auth-type", "jwt")
+        .json(&json!({}));
+    let body = app.send(rb).await.body;
+    (body["StatusCode"].clone(), body["code"].clone(), body["message"].clone())
+}
+
+/// The WebSocket's answer to `/connect` as `user` with `token` and `api_key`: the
+/// `connection.error`'s (status, code, message).
+async fn ws_verdict(app: &TestApp, api_key: &str, user: &str, token: &str) -> (Value, Value, Value) {
+    let json_param = json!({"user_id": user, "user_details": {"id": user}}).to_string();
+    let params = [("json", json_param.as_str()), ("api_key", api_key), ("authorization", token), ("stream-auth-type", "jwt")];
+    let url = reqwest::Url::parse_with_params(&format!("{}/connect", ws_base(app)), &params).expect("a valid url");
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.as_str()).await.expect("the websocket handshake succeeds");
+    let first = next_json(&mut ws).await;
+    assert_eq!(first["type"], json!("connection.error"), "{first}");
+    expect_close_1000(&mut ws).await;
+    let e = &first["error"];
+    (e["StatusCode"].clone(), e["code"].clone(), e["message"].clone())
+}
+
+/// Asserts that REST refuses `token` with `code` and the WebSocket, connecting as `user`, with
+/// the same status, code and message; `code` 0: both accept it.
+async fn same_verdict(app: &TestApp, what: &str, api_key: &str, user: &str, token: &str, code: i64) {
+    let rest = rest_verdict(app, api_key, token).await;
+    if code == 0 {
+        assert_eq!(rest.1, Value::Null, "{what}: REST accepts it: {rest:?}");
+        let (_ws, first) = connect_legacy(app, user, token, "jwt").await;
+        assert_eq!(first["type"], json!("health.check"), "{what}: the WebSocket accepts it: {first}");
+        return;
+    }
+    assert_eq!(rest.1, json!(code), "{what}: REST answers code {code}: {rest:?}");
+    let ws = ws_verdict(app, api_key, user, token).await;
+    assert_eq!(rest, ws, "{what}: REST and the WebSocket answer alike");
+}
+
+#[tokio::test]
+async fn the_rest_api_and_the_websocket_refuse_every_bad_credential_with_the_same_status_code_and_message() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice", "rogue"]).await;
+    app.post("/moderation/ban", &app.server(), json!({"target_user_id": "rogue"})).await.ok();
+    let now = unix_secs();
+    let alice = |exp: Option<i64>, nbf: Option<i64>, iat: Option<i64>| {
+        app.token(&offshoot_core::token::Claims { user_id: Some("alice".into()), exp, nbf, iat, ..Default::default() })
+    };
+    let key = app.api_key.as_str();
+    let forged = offshoot_core::token::sign(&user_claims("alice"), "not-the-secret");
+    same_verdict(&app, "another secret", key, "alice", &forged, 43).await;
+    same_verdict(&app, "expired", key, "alice", &alice(Some(now - 3600), None, None), 40).await;
+    same_verdict(&app, "not valid yet", key, "alice", &alice(None, Some(now + 3600), None), 41).await;
+    same_verdict(&app, "not a JWT", key, "alice", "not.a.jwt", 5).await;
+    same_verdict(&app, "no token", key, "alice", "", 5).await;
+    same_verdict(&app, "a wrong api_key", "wrong-key", "alice", &app.user("alice"), 2).await;
+    same_verdict(&app, "no api_key", "", "alice", &app.user("alice"), 2).await;
+    same_verdict(&app, "a banned user", key, "rogue", &app.user("rogue"), 17).await;
+    same_verdict(&app, "an illegal user id", key, "no spaces", &app.user("no spaces"), 4).await;
+
+    app.patch("/app", &app.server(), json!({"revoke_tokens_issued_before": rfc3339(now_ns())})).await.ok();
+    same_verdict(&app, "issued before the revocation", key, "alice", &alice(None, None, Some(now - 3600)), 5).await;
+    // An `iat` this large overflows nanoseconds unless the conversion saturates.
+    same_verdict(&app, "issued in the far future", key, "alice", &alice(None, None, Some(i64::MAX)), 0).await;
+}

@@ -6,9 +6,10 @@ use crate::state::ApiState;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use bytes::Bytes;
+use offshoot_core::auth::{self, AppKeys, Caller, Credentials};
 use offshoot_core::model::{User, Viewer};
 use offshoot_core::render::Dialect;
-use offshoot_core::{token, Error, ErrorKind};
+use offshoot_core::{Error, ErrorKind};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 
@@ -83,44 +84,31 @@ impl FromRequestParts<ApiState> for Ctx {
         if let Some(key) = query.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')).map(|(k, _)| k.clone()) {
             return Err(Error::input(format!("query parameter {key:?} contains a NUL character")).field("field", key).into());
         }
-        match query.get("api_key") {
-            None => return Err(Error::new(ErrorKind::BadApiKey, "api_key is missing: add ?api_key=<your key> to the request").into()),
-            Some(k) if k.as_str() != &*state.api_key => {
-                return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid")).into())
-            }
-            Some(_) => {}
-        }
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-        let auth_type = header("stream-auth-type").or(query.get("stream-auth-type").map(String::as_str)).unwrap_or("jwt");
-        let authorization = header("authorization").filter(|a| !a.is_empty());
-        if auth_type == "anonymous" && authorization.is_none() {
-            crate::ops::record_caller("anonymous");
-            return Ok(Ctx { viewer: Viewer::Anonymous { id: offshoot_core::ids::new_id() }, user: None, dialect, query });
-        }
-        let Some(raw) = authorization else {
-            return Err(Error::new(
-                ErrorKind::Auth,
-                "the Authorization header is missing: send the raw JWT (no Bearer prefix), or stream-auth-type: anonymous",
-            )
-            .into());
+        let auth_type = header("stream-auth-type").or(query.get("stream-auth-type").map(String::as_str));
+        let creds = Credentials {
+            api_key: query.get("api_key").map(String::as_str),
+            token: header("authorization"),
+            anonymous: auth_type.is_some_and(|t| t.eq_ignore_ascii_case("anonymous")),
+            user_id: None,
         };
-        let raw = raw.strip_prefix("Bearer ").unwrap_or(raw);
-        let now = offshoot_core::time::now() / 1_000_000_000;
-        let claims = token::verify(raw, &state.api_secret, now)?;
-        let Some(uid) = claims.user_id.clone() else {
-            crate::ops::record_caller("server");
-            return Ok(Ctx { viewer: Viewer::Server, user: None, dialect, query });
+        let keys = AppKeys { api_key: &state.api_key, api_secret: &state.api_secret };
+        let (viewer, user) = match auth::authenticate(&state.store, keys, creds).await? {
+            Caller::Anonymous => {
+                crate::ops::record_caller("anonymous");
+                (Viewer::Anonymous { id: offshoot_core::ids::new_id() }, None)
+            }
+            Caller::Server => {
+                crate::ops::record_caller("server");
+                (Viewer::Server, None)
+            }
+            Caller::User { id, user } => {
+                crate::ops::record_caller(&id);
+                let user = user.unwrap_or_else(|| User::placeholder(&id, "user"));
+                (Viewer::User { id, role: user.role.clone() }, Some(user))
+            }
         };
-        crate::ops::record_caller(&uid);
-        let settings = state.store.app_settings().await?;
-        if settings.revoke_tokens_issued_before.is_some_and(|before| claims.issued_before(before)) {
-            return Err(Error::new(ErrorKind::Auth, "the token was revoked").into());
-        }
-        let user = state.store.get_user(&uid).await?.unwrap_or_else(|| User::placeholder(&uid, "user"));
-        if user.banned {
-            return Err(Error::not_allowed(format!("user {uid:?} is banned")).into());
-        }
-        Ok(Ctx { viewer: Viewer::User { id: uid, role: user.role.clone() }, user: Some(user), dialect, query })
+        Ok(Ctx { viewer, user, dialect, query })
     }
 }
 

@@ -5,6 +5,7 @@
 //! This crate does no I/O. It must not depend on axum, sqlx, tokio or any transport or storage
 //! crate; everything else depends on it.
 
+pub mod auth;
 pub mod error;
 pub mod fork;
 pub mod ids;

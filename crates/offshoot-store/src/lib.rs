@@ -42,6 +42,7 @@
 
 mod channels;
 mod deliveries;
+mod directory;
 mod events;
 mod forks;
 mod messages;

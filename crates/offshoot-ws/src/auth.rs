@@ -2,8 +2,9 @@
 //! created or updated from the `user_details` the client sends, as Stream's `connectUser` does.
 
 use crate::Hub;
+use offshoot_core::auth::{self, AppKeys, Caller};
 use offshoot_core::model::{Custom, User};
-use offshoot_core::{ids, time, token, Error, ErrorKind};
+use offshoot_core::{time, Error};
 use offshoot_store::UserInput;
 use serde_json::{Map, Value};
 
@@ -49,42 +50,23 @@ const NOT_CUSTOM: &[&str] = &[
 ];
 
 pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, Error> {
-    match creds.api_key.as_deref() {
-        None | Some("") => return Err(Error::new(ErrorKind::BadApiKey, "the api_key query parameter is missing")),
-        Some(k) if k != hub.api_key => return Err(Error::new(ErrorKind::BadApiKey, format!("api_key {k:?} is not valid"))),
-        Some(_) => {}
-    }
-    if creds.token.is_empty() {
-        if creds.anonymous {
+    let presented = auth::Credentials {
+        api_key: creds.api_key.as_deref(),
+        token: Some(&creds.token),
+        anonymous: creds.anonymous,
+        user_id: creds.user_id.as_deref(),
+    };
+    let keys = AppKeys { api_key: &hub.api_key, api_secret: &hub.api_secret };
+    match auth::authenticate(&hub.store, keys, presented).await? {
+        Caller::Anonymous => {
             // Never trust a client-chosen id here: events addressed to that user would leak.
             let now = time::now();
             let id = uuid::Uuid::new_v4().to_string();
-            return Ok(User { created_at: now, updated_at: now, ..User::placeholder(&id, "anonymous") });
+            Ok(User { created_at: now, updated_at: now, ..User::placeholder(&id, "anonymous") })
         }
-        return Err(Error::new(ErrorKind::Auth, "the authorization query parameter (a user token) is missing"));
+        Caller::Server => Err(Error::input("user_id is missing: connect with a user token or name the user")),
+        Caller::User { id, user } => upsert_on_connect(hub, &id, user, creds.user_details.as_ref()).await,
     }
-    let now = time::now();
-    let claims = token::verify(&creds.token, &hub.api_secret, now / 1_000_000_000)?;
-    let user_id = match (claims.user_id.clone(), creds.user_id) {
-        (Some(t), Some(r)) if t != r => {
-            return Err(Error::new(ErrorKind::Auth, format!("the token is for user {t:?}, not for {r:?}")));
-        }
-        (Some(t), _) => t,
-        // A server token holds every permission; it may connect as any user it names.
-        (None, Some(r)) => r,
-        (None, None) => return Err(Error::input("user_id is missing: connect with a user token or name the user")),
-    };
-    let user_id = ids::parse_user_id(&user_id)?;
-    let settings = hub.store.app_settings().await.map_err(Error::from)?;
-    if settings.revoke_tokens_issued_before.is_some_and(|revoked| claims.issued_before(revoked)) {
-        return Err(Error::new(ErrorKind::Auth, "the token was revoked: it was issued before the app's revoke_tokens_issued_before"));
-    }
-    let existing = hub.store.get_user(&user_id).await.map_err(Error::from)?;
-    if existing.as_ref().is_some_and(|u| u.banned) {
-        // As the REST API does: a banned user is refused everywhere.
-        return Err(Error::not_allowed(format!("user {user_id:?} is banned")));
-    }
-    upsert_on_connect(hub, &user_id, existing, creds.user_details.as_ref()).await
 }
 
 /// Creates the user on first connect and applies the fields `user_details` sets. Unlike the
