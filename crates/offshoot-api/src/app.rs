@@ -1,8 +1,8 @@
 //! Users, app settings, channel types, guests and bans.
 
-use crate::ctx::{ApiPath, Body, Ctx};
+use crate::ctx::{ApiPath, ApiQuery, Body, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_list, str_opt, Obj};
+use crate::input::{de, present, required, Obj, Patch, UserBody, Users};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
@@ -10,7 +10,9 @@ use offshoot_core::model::AppSettings;
 use offshoot_core::query::{self, UserField};
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, token, Error};
-use offshoot_store::{UserInput, UserPatch};
+use offshoot_store::UserPatch;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 fn server_only(ctx: &Ctx, what: &str) -> Result<(), Error> {
@@ -19,46 +21,6 @@ fn server_only(ctx: &Ctx, what: &str) -> Result<(), Error> {
     } else {
         Err(Error::not_allowed(format!("{what} is a server-side operation")))
     }
-}
-
-const USER_KNOWN: &[&str] = &[
-    "id",
-    "role",
-    "name",
-    "image",
-    "language",
-    "teams",
-    "invisible",
-    "created_at",
-    "updated_at",
-    "last_active",
-    "online",
-    "banned",
-    "shadow_banned",
-    "deleted_at",
-    "privacy_settings",
-    "teams_role",
-    "blocked_user_ids",
-    "revoke_tokens_issued_before",
-];
-
-fn user_input(v: &Value) -> Result<UserInput, Error> {
-    let Value::Object(o) = v else { return Err(Error::input("every user must be an object")) };
-    let id = ids::parse_user_id(&input::str_req(o, "id")?)?;
-    let name = str_opt(o, "name")?;
-    if name.as_ref().is_some_and(|n| n.chars().count() > 1000) {
-        return Err(Error::input("user name is longer than 1000 characters"));
-    }
-    Ok(UserInput {
-        id,
-        role: str_opt(o, "role")?,
-        name,
-        image: str_opt(o, "image")?,
-        language: str_opt(o, "language")?,
-        teams: str_list(o, "teams")?,
-        invisible: bool_opt(o, "invisible")?,
-        custom: input::limited(input::custom(o, USER_KNOWN)?, "user")?,
-    })
 }
 
 async fn users_map(st: &ApiState, d: Dialect, users: &[offshoot_core::model::User]) -> Result<Value, Error> {
@@ -72,60 +34,96 @@ async fn full_users(st: &ApiState, d: Dialect, users: &[offshoot_core::model::Us
     Ok(users.iter().map(|u| (u.id.clone(), render::full_user(d, u, counts.get(&u.id).copied().unwrap_or_default()))).collect())
 }
 
+#[derive(Deserialize)]
+pub struct UpsertUsersRequest {
+    users: Option<Users>,
+}
+
 /// `POST /users`: `{"users": {"id": {...}}}` (or a list).
-pub async fn upsert_users(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn upsert_users(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<UpsertUsersRequest>) -> ApiResult<Json<Value>> {
     server_only(&ctx, "upserting users")?;
-    let inputs: Vec<UserInput> = match get(&body, "users") {
-        Some(Value::Object(m)) => m.values().map(user_input).collect::<Result<_, _>>()?,
-        Some(Value::Array(a)) => a.iter().map(user_input).collect::<Result<_, _>>()?,
-        _ => return Err(Error::input("field \"users\" is required: an object keyed by user id").into()),
+    let bodies: Vec<UserBody> = match present(body.users, "users")? {
+        Users::Map(m) => m.into_values().collect(),
+        Users::List(l) => l,
     };
-    if inputs.len() > 100 {
+    if bodies.len() > 100 {
         return Err(Error::input("at most 100 users per request").into());
     }
+    let inputs = bodies.into_iter().map(UserBody::into_input).collect::<Result<Vec<_>, _>>()?;
     let users = st.store.upsert_users(&inputs).await?;
     Ok(ctx.ok(json!({"users": users_map(&st, ctx.dialect, &users).await?, "membership_deletion_task_id": ""})))
 }
 
+#[derive(Deserialize)]
+pub struct PartialUpdateUsersRequest {
+    users: Option<Vec<UserPatchInput>>,
+}
+
+#[derive(Deserialize)]
+struct UserPatchInput {
+    id: Option<String>,
+    #[serde(flatten)]
+    patch: Patch,
+}
+
 /// `PATCH /users`: `{"users": [{"id", "set", "unset"}]}`.
-pub async fn partial_update_users(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
-    let Some(list) = input::arr_opt(&body, "users")? else { return Err(Error::input("field \"users\" is required").into()) };
+pub async fn partial_update_users(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    Body(body): Body<PartialUpdateUsersRequest>,
+) -> ApiResult<Json<Value>> {
+    let list = present(body.users, "users")?;
     if list.len() > 100 {
         return Err(Error::input("at most 100 users per request").into());
     }
     let mut patches = Vec::new();
     for item in list {
-        let Value::Object(o) = item else { return Err(Error::input("every entry of \"users\" must be an object").into()) };
-        let id = ids::parse_user_id(&input::str_req(o, "id")?)?;
+        let id = ids::parse_user_id(&required(item.id, "users.id")?)?;
         if !ctx.viewer.is_server() && ctx.viewer.user_id() != Some(id.as_str()) {
             return Err(Error::not_allowed("users can only update themselves").into());
         }
-        let set = obj_opt(o, "set")?.cloned().unwrap_or_default();
+        let (set, unset) = item.patch.into_parts();
         if !ctx.viewer.is_server() && set.contains_key("role") {
             return Err(Error::not_allowed("users cannot change their role").into());
         }
-        let unset = str_list(o, "unset")?.unwrap_or_default();
         patches.push(UserPatch { id, set, unset });
     }
     let out = st.store.partial_update_users(&patches).await?;
     Ok(ctx.ok(json!({"users": users_map(&st, ctx.dialect, &out).await?, "membership_deletion_task_id": ""})))
 }
 
+#[derive(Deserialize)]
+pub struct QueryUsersQuery {
+    payload: Option<String>,
+}
+
+/// The JSON in `GET /users?payload=`.
+#[derive(Default, Deserialize)]
+struct QueryUsersPayload {
+    filter_conditions: Option<Obj>,
+    sort: Option<Value>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    limit: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    offset: Option<i64>,
+}
+
 /// `GET /users?payload={"filter_conditions": {…}, "sort": […], "limit", "offset"}`: Query
 /// Users with Stream's filter operators on id, role, name, banned, times and custom fields.
-pub async fn query_users(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Value>> {
-    let payload: Map<String, Value> = match ctx.q("payload") {
-        Some(p) => serde_json::from_str(p).map_err(|e| Error::input(format!("payload is not valid JSON: {e}")))?,
-        None => Map::new(),
+pub async fn query_users(State(st): State<ApiState>, ctx: Ctx, ApiQuery(q): ApiQuery<QueryUsersQuery>) -> ApiResult<Json<Value>> {
+    let payload: QueryUsersPayload = match q.payload {
+        Some(p) => {
+            serde_json::from_str(&p).map_err(|e| Error::input(format!("payload is not valid JSON: {e}")).field("field", "payload"))?
+        }
+        None => QueryUsersPayload::default(),
     };
-    let filter = obj_opt(&payload, "filter_conditions")?.cloned().unwrap_or_default();
-    let tree = query::parse_filter::<UserField>(&filter)?;
-    let sort = query::parse_sort(get(&payload, "sort"), query::user_sort_field)?;
-    let limit = i64_opt(&payload, "limit")?.unwrap_or(30);
+    let tree = query::parse_filter::<UserField>(&payload.filter_conditions.unwrap_or_default())?;
+    let sort = query::parse_sort(payload.sort.as_ref(), query::user_sort_field)?;
+    let limit = payload.limit.unwrap_or(30);
     if !(0..=100).contains(&limit) {
         return Err(Error::input("limit must be between 0 and 100").into());
     }
-    let offset = i64_opt(&payload, "offset")?.unwrap_or(0);
+    let offset = payload.offset.unwrap_or(0);
     let users = st.store.query_users(&tree, &sort, limit, offset).await?;
     let users: Vec<Value> = full_users(&st, ctx.dialect, &users).await?.into_iter().map(|(_, u)| u).collect();
     Ok(ctx.ok(json!({"users": users})))
@@ -194,66 +192,91 @@ pub async fn get_app(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Val
 }
 
 /// `PATCH /app`: flat keys; known ones are typed, others stored as they are.
-pub async fn update_app(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
+#[derive(Deserialize)]
+pub struct UpdateAppRequest {
+    #[serde(default, deserialize_with = "de::some_bool")]
+    fork_enabled: Option<Option<bool>>,
+    #[serde(default, deserialize_with = "de::some")]
+    webhook_url: Option<Option<String>>,
+    #[serde(default, deserialize_with = "de::some")]
+    webhook_events: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "de::some")]
+    event_hooks: Option<Option<Vec<Obj>>>,
+    #[serde(default, deserialize_with = "de::some")]
+    webhook_dialect: Option<Option<String>>,
+    #[serde(default, deserialize_with = "de::some_bool")]
+    disable_auth_checks: Option<Option<bool>>,
+    #[serde(default, deserialize_with = "de::some_ts")]
+    revoke_tokens_issued_before: Option<Option<i64>>,
+    /// Every other setting, stored as it is.
+    #[serde(flatten)]
+    extra: Obj,
+}
+
+pub async fn update_app(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<UpdateAppRequest>) -> ApiResult<Json<Value>> {
     server_only(&ctx, "updating app settings")?;
+    if let Some(Some(u)) = &body.webhook_url {
+        if !(u.is_empty() || u.starts_with("http://") || u.starts_with("https://")) {
+            return Err(Error::input("webhook_url must be an http:// or https:// URL").field("field", "webhook_url").into());
+        }
+    }
+    if let Some(Some(d)) = &body.webhook_dialect {
+        if d != "legacy" && d != "v2" {
+            return Err(Error::input("webhook_dialect must be \"legacy\" or \"v2\"").field("field", "webhook_dialect").into());
+        }
+    }
     // Applied to the stored settings under the app row's lock (concurrent patches all survive).
     st.store.update_app_settings(|s| apply_app_patch(s, &body)).await?;
     Ok(ctx.ok(json!({})))
 }
 
-/// `PATCH /app`'s body applied to the settings: known keys are typed, others stored as they are.
-fn apply_app_patch(s: &mut AppSettings, body: &Obj) -> Result<(), Error> {
-    for (k, v) in body {
-        match k.as_str() {
-            "fork_enabled" => s.fork_enabled = bool_opt(body, k)?.unwrap_or(true),
-            "webhook_url" => {
-                let url = str_opt(body, k)?.filter(|u| !u.is_empty());
-                if let Some(u) = &url {
-                    if !(u.starts_with("http://") || u.starts_with("https://")) {
-                        return Err(Error::input("webhook_url must be an http:// or https:// URL"));
-                    }
-                }
-                s.webhook_url = url;
-            }
-            "webhook_events" => s.webhook_events = str_list(body, k)?.unwrap_or_default(),
-            "event_hooks" => {
-                let hooks = input::arr_opt(body, k)?.cloned().unwrap_or_default();
-                if hooks.iter().any(|h| !h.is_object()) {
-                    return Err(Error::input("event_hooks must be an array of objects"));
-                }
-                s.event_hooks = hooks
-                    .into_iter()
-                    .map(|mut h| {
-                        if let Value::Object(o) = &mut h {
-                            o.entry("id").or_insert_with(|| ids::new_id().into());
-                            o.entry("enabled").or_insert(true.into());
-                            o.entry("event_types").or_insert(json!([]));
-                        }
-                        h
-                    })
-                    .collect();
-            }
-            "webhook_dialect" => {
-                let d = str_opt(body, k)?.unwrap_or_else(|| "legacy".into());
-                if d != "legacy" && d != "v2" {
-                    return Err(Error::input("webhook_dialect must be \"legacy\" or \"v2\""));
-                }
-                s.webhook_dialect = d;
-            }
-            "disable_auth_checks" => s.disable_auth_checks = bool_opt(body, k)?.unwrap_or(false),
-            "revoke_tokens_issued_before" => s.revoke_tokens_issued_before = input::ts_opt(body, k)?,
-            _ => {
-                s.extra.insert(k.clone(), v.clone());
-            }
-        }
+/// `PATCH /app`'s body applied to the settings: a key that is present (even `null`) is set.
+fn apply_app_patch(s: &mut AppSettings, body: &UpdateAppRequest) -> Result<(), Error> {
+    if let Some(enabled) = body.fork_enabled {
+        s.fork_enabled = enabled.unwrap_or(true);
+    }
+    if let Some(url) = &body.webhook_url {
+        s.webhook_url = url.clone().filter(|u| !u.is_empty());
+    }
+    if let Some(events) = &body.webhook_events {
+        s.webhook_events = events.clone().unwrap_or_default();
+    }
+    if let Some(hooks) = &body.event_hooks {
+        s.event_hooks = hooks
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut o| {
+                o.entry("id").or_insert_with(|| ids::new_id().into());
+                o.entry("enabled").or_insert(true.into());
+                o.entry("event_types").or_insert(json!([]));
+                Value::Object(o)
+            })
+            .collect();
+    }
+    if let Some(d) = &body.webhook_dialect {
+        s.webhook_dialect = d.clone().unwrap_or_else(|| "legacy".into());
+    }
+    if let Some(disabled) = body.disable_auth_checks {
+        s.disable_auth_checks = disabled.unwrap_or(false);
+    }
+    if let Some(before) = body.revoke_tokens_issued_before {
+        s.revoke_tokens_issued_before = before;
+    }
+    for (k, v) in &body.extra {
+        s.extra.insert(k.clone(), v.clone());
     }
     Ok(())
 }
 
+#[derive(Deserialize)]
+pub struct CreateGuestRequest {
+    user: Option<UserBody>,
+}
+
 /// `POST /guest`: a guest user and its token.
-pub async fn create_guest(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
-    let Some(u) = get(&body, "user") else { return Err(Error::input("field \"user\" is required").into()) };
-    let mut inp = user_input(u)?;
+pub async fn create_guest(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<CreateGuestRequest>) -> ApiResult<Json<Value>> {
+    let mut inp = present(body.user, "user")?.into_input()?;
     inp.role = Some("guest".into());
     inp.id = format!("guest-{}-{}", ids::new_id()[..8].to_owned(), inp.id);
     let users = st.store.upsert_users(&[inp]).await?;
@@ -262,24 +285,34 @@ pub async fn create_guest(State(st): State<ApiState>, ctx: Ctx, Body(body): Body
     Ok(ctx.ok(json!({"access_token": tok, "user": render::user(ctx.dialect, user)})))
 }
 
+#[derive(Deserialize)]
+pub struct BanRequest {
+    target_user_id: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    shadow: Option<bool>,
+}
+
 /// `POST /moderation/ban` with `target_user_id` and `shadow`.
-pub async fn ban_user(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn ban_user(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<BanRequest>) -> ApiResult<Json<Value>> {
     if !ctx.viewer.is_admin() {
         return Err(Error::not_allowed("banning users needs server-side or admin rights").into());
     }
-    let target = ids::parse_user_id(&input::str_req(&body, "target_user_id")?)?;
-    let shadow = bool_opt(&body, "shadow")?.unwrap_or(false);
-    st.store.set_ban(&target, shadow, true).await?;
+    let target = ids::parse_user_id(&required(body.target_user_id, "target_user_id")?)?;
+    st.store.set_ban(&target, body.shadow.unwrap_or(false), true).await?;
     Ok(ctx.ok(json!({})))
 }
 
+#[derive(Deserialize)]
+pub struct UnbanQuery {
+    target_user_id: Option<String>,
+}
+
 /// `DELETE /moderation/ban?target_user_id=…` (lifts both kinds of ban).
-pub async fn unban_user(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Value>> {
+pub async fn unban_user(State(st): State<ApiState>, ctx: Ctx, ApiQuery(q): ApiQuery<UnbanQuery>) -> ApiResult<Json<Value>> {
     if !ctx.viewer.is_admin() {
         return Err(Error::not_allowed("unbanning users needs server-side or admin rights").into());
     }
-    let Some(target) = ctx.q("target_user_id") else { return Err(Error::input("query parameter target_user_id is required").into()) };
-    let target = ids::parse_user_id(target)?;
+    let target = ids::parse_user_id(&required(q.target_user_id, "target_user_id")?)?;
     st.store.lift_bans(&target).await?;
     Ok(ctx.ok(json!({})))
 }
@@ -299,11 +332,7 @@ pub async fn get_channel_type(State(st): State<ApiState>, ctx: Ctx, ApiPath(name
     let Some(ct) = st.store.channel_type(&name).await? else {
         return Err(Error::not_found(format!("channel type {name:?} does not exist")).into());
     };
-    let mut v = render_type(ctx.dialect, &ct);
-    if let Value::Object(o) = &mut v {
-        o.insert("duration".into(), crate::duration().into());
-    }
-    Ok(Json(v))
+    Ok(ctx.ok(render_type(ctx.dialect, &ct)))
 }
 
 pub async fn list_channel_types(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Value>> {
@@ -312,31 +341,41 @@ pub async fn list_channel_types(State(st): State<ApiState>, ctx: Ctx) -> ApiResu
     Ok(ctx.ok(json!({"channel_types": map})))
 }
 
+/// `PUT /channeltypes/{name}`: known fields typed, read-only ones dropped, every other
+/// setting stored as it is.
+#[derive(Deserialize)]
+#[allow(dead_code)] // the read-only keys are named only to keep them out of `extra`
+pub struct PutChannelTypeRequest {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    max_message_length: Option<i64>,
+    #[serde(default)]
+    name: IgnoredAny,
+    #[serde(default)]
+    created_at: IgnoredAny,
+    #[serde(default)]
+    updated_at: IgnoredAny,
+    #[serde(default)]
+    permissions: IgnoredAny,
+    #[serde(default)]
+    grants: IgnoredAny,
+    #[serde(flatten)]
+    extra: Obj,
+}
+
 /// `PUT /channeltypes/{name}`: creates or updates; `max_message_length` is enforced.
 pub async fn put_channel_type(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(name): ApiPath<String>,
-    Body(body): Body,
+    Body(body): Body<PutChannelTypeRequest>,
 ) -> ApiResult<Json<Value>> {
     server_only(&ctx, "changing channel types")?;
     let name = ids::parse_channel_type(&name)?;
-    let max = i64_opt(&body, "max_message_length")?;
-    if let Some(m) = max {
+    if let Some(m) = body.max_message_length {
         if !(1..=20_000).contains(&m) {
-            return Err(Error::input("max_message_length must be between 1 and 20000").into());
+            return Err(Error::input("max_message_length must be between 1 and 20000").field("field", "max_message_length").into());
         }
     }
-    let mut extra = Map::new();
-    for (k, v) in &body {
-        if !matches!(k.as_str(), "max_message_length" | "name" | "created_at" | "updated_at" | "permissions" | "grants") {
-            extra.insert(k.clone(), v.clone());
-        }
-    }
-    let ct = st.store.put_channel_type(&name, max, &extra).await?;
-    let mut v = render_type(ctx.dialect, &ct);
-    if let Value::Object(o) = &mut v {
-        o.insert("duration".into(), crate::duration().into());
-    }
-    Ok(Json(v))
+    let ct = st.store.put_channel_type(&name, body.max_message_length, &body.extra).await?;
+    Ok(ctx.ok(render_type(ctx.dialect, &ct)))
 }

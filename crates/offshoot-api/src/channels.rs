@@ -1,17 +1,20 @@
 //! Channels: get-or-create and query, updates, members, delete, truncate, rewind, read state,
 //! client events and Query Channels.
 
-use crate::ctx::{ApiPath, Body, ChannelPath, Ctx};
+use crate::ctx::{ApiPath, ApiQuery, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt, get, i64_opt, obj_opt, str_opt, Obj};
+use crate::input::{
+    self, de, present, required, Actor, ChannelData, ConnectionQuery, LimitInput, MessageInput, PageInput, Patch, WatchInput,
+};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
-use offshoot_core::model::{Audience, Channel, Event, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
+use offshoot_core::model::{Audience, Channel, Event, NewMessage, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::query::{self, ChannelSortField, Sort};
 use offshoot_core::render;
 use offshoot_core::{ids, perm, time, Error};
 use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 /// Messages in a channel state when the query names no limit. JS `stream-chat` sends none on
@@ -44,29 +47,6 @@ pub(crate) async fn require_read(st: &ApiState, viewer: &Viewer, cid: &str) -> R
         return Err(Error::not_allowed(format!("you are not allowed to read channel {cid:?}: only its members can")));
     }
     Ok(member)
-}
-
-/// Message pagination from `{limit, id_lt, id_lte, id_gt, id_gte, id_around}`.
-pub(crate) fn page_of(o: Option<&Obj>, default_limit: i64) -> Result<Page, Error> {
-    let Some(o) = o else { return Ok(Page { limit: default_limit, dir: PageDir::Latest }) };
-    let limit = i64_opt(o, "limit")?.unwrap_or(default_limit);
-    if !(0..=300).contains(&limit) {
-        return Err(Error::input("messages.limit must be between 0 and 300"));
-    }
-    let dir = if let Some(id) = str_opt(o, "id_lt")? {
-        PageDir::Before { id, inclusive: false }
-    } else if let Some(id) = str_opt(o, "id_lte")? {
-        PageDir::Before { id, inclusive: true }
-    } else if let Some(id) = str_opt(o, "id_gt")? {
-        PageDir::After { id, inclusive: false }
-    } else if let Some(id) = str_opt(o, "id_gte")? {
-        PageDir::After { id, inclusive: true }
-    } else if let Some(id) = str_opt(o, "id_around")? {
-        PageDir::Around { id }
-    } else {
-        PageDir::Latest
-    };
-    Ok(Page { limit, dir })
 }
 
 /// ChannelState as a channel query returns it.
@@ -119,34 +99,30 @@ pub(crate) async fn channel_state(
     Ok(o)
 }
 
-const CHANNEL_DATA_KNOWN: &[&str] = &[
-    "created_by",
-    "created_by_id",
-    "members",
-    "team",
-    "frozen",
-    "disabled",
-    "config_overrides",
-    "filter_tags",
-    "invites",
-    "id",
-    "type",
-    "cid",
-    "created_at",
-    "updated_at",
-    "own_capabilities",
-    "member_count",
-    "auto_translation_enabled",
-    "auto_translation_language",
-    "fork",
-    "truncated_at",
-    "deleted_at",
-];
+/// The body of a channel query (`POST /channels/{type}/{id}/query` and the distinct
+/// variant): the channel's data when it is created, the pages of its state, watching.
+#[derive(Deserialize)]
+pub struct ChannelQueryRequest {
+    data: Option<ChannelData>,
+    messages: Option<PageInput>,
+    members: Option<LimitInput>,
+    #[serde(flatten)]
+    watch: WatchInput,
+    #[serde(flatten)]
+    actor: Actor,
+}
 
 /// `POST /channels/{type}/{id}/query`: get-or-create, optionally watch.
-pub async fn query_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn query_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    ApiQuery(q): ApiQuery<ConnectionQuery>,
+    Body(mut body): Body<ChannelQueryRequest>,
+) -> ApiResult<Json<Value>> {
     let ChannelPath { kind, id, cid } = path;
-    get_or_create(&st, &ctx, &kind, &id, &cid, &body).await
+    let members = body.data.as_mut().and_then(|d| d.members.take()).map(|m| input::members(m, "data.members")).transpose()?;
+    get_or_create(&st, &ctx, (&kind, &id, &cid), q, body, members).await
 }
 
 /// `POST /channels/{type}/query`: a distinct channel keyed by its members.
@@ -154,42 +130,68 @@ pub async fn query_distinct_channel(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(kind): ApiPath<String>,
-    Body(body): Body,
+    ApiQuery(q): ApiQuery<ConnectionQuery>,
+    Body(mut body): Body<ChannelQueryRequest>,
 ) -> ApiResult<Json<Value>> {
     let kind = ids::parse_channel_type(&kind)?;
-    let data = obj_opt(&body, "data")?.cloned().unwrap_or_default();
-    let Some(members) = get(&data, "members") else { return Err(Error::input("a channel without an id needs data.members").into()) };
-    let mut ids: Vec<String> = input::members(members, "data.members")?.into_iter().map(|m| m.user_id).collect();
+    let Some(members) = body.data.as_mut().and_then(|d| d.members.take()) else {
+        return Err(Error::input("a channel without an id needs data.members").into());
+    };
+    let members = input::members(members, "data.members")?;
+    let mut ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
     ids.sort();
     let digest = ids::copy_id("distinct", &ids.join(","));
     let id = format!("!members-{}", &digest.replace('-', "")[..24]);
     let cid = ids::cid(&kind, &id);
-    get_or_create(&st, &ctx, &kind, &id, &cid, &body).await
+    get_or_create(&st, &ctx, (&kind, &id, &cid), q, body, Some(members)).await
+}
+
+/// The query string of `GET /api/v2/chat/channels/{type}/{id}`: the messages page.
+#[derive(Deserialize)]
+pub struct GetChannelQuery {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    messages_limit: Option<i64>,
+    messages_id_lt: Option<String>,
+    messages_id_lte: Option<String>,
+    messages_id_gt: Option<String>,
+    messages_id_gte: Option<String>,
+    messages_id_around: Option<String>,
 }
 
 /// `GET /api/v2/chat/channels/{type}/{id}` (getstream's read-only variant).
-pub async fn get_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath) -> ApiResult<Json<Value>> {
+pub async fn get_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    ApiQuery(q): ApiQuery<GetChannelQuery>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     let ch = load(&st, &cid).await?;
     require_read(&st, &ctx.viewer, &cid).await?;
-    let limit = ctx.q("messages_limit").and_then(|l| l.parse().ok()).unwrap_or(DEFAULT_MESSAGE_LIMIT);
-    let mut m = Map::new();
-    m.insert("limit".into(), limit.into());
-    for k in ["id_lt", "id_lte", "id_gt", "id_gte", "id_around"] {
-        if let Some(v) = ctx.q(&format!("messages_{k}")) {
-            m.insert(k.into(), v.into());
-        }
+    let page = PageInput {
+        limit: q.messages_limit,
+        id_lt: q.messages_id_lt,
+        id_lte: q.messages_id_lte,
+        id_gt: q.messages_id_gt,
+        id_gte: q.messages_id_gte,
+        id_around: q.messages_id_around,
     }
-    let page = page_of(Some(&m), DEFAULT_MESSAGE_LIMIT)?;
+    .page(DEFAULT_MESSAGE_LIMIT)?;
     let state = channel_state(&st, &ctx, &ch, &page, DEFAULT_MEMBER_LIMIT).await?;
     Ok(ctx.ok(Value::Object(state)))
 }
 
-async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str, body: &Obj) -> ApiResult<Json<Value>> {
+async fn get_or_create(
+    st: &ApiState,
+    ctx: &Ctx,
+    (kind, id, cid): (&str, &str, &str),
+    q: ConnectionQuery,
+    body: ChannelQueryRequest,
+    members: Option<Vec<MemberInput>>,
+) -> ApiResult<Json<Value>> {
     if st.store.channel_type(kind).await?.is_none() {
         return Err(Error::input(format!("channel type {kind:?} does not exist")).into());
     }
-    let data = obj_opt(body, "data")?.cloned().unwrap_or_default();
     let existing = st.store.get_channel(cid).await?.filter(|c| c.deleted_at.is_none());
     let ch = match existing {
         Some(ch) => {
@@ -197,24 +199,14 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
             ch
         }
         None => {
+            let data = body.data.unwrap_or_default();
             let creator = match &ctx.viewer {
-                Viewer::Server => {
-                    let from_data = match str_opt(&data, "created_by_id")? {
-                        Some(id) => Some(id),
-                        None => match obj_opt(&data, "created_by")? {
-                            Some(u) => str_opt(u, "id")?,
-                            None => None,
-                        },
-                    };
-                    match from_data.or(input::actor_id(body)?) {
-                        Some(id) => Some(ids::parse_user_id(&id)?),
-                        None => {
-                            return Err(
-                                Error::input("creating a channel server-side needs data.created_by_id (or data.created_by.id)").into()
-                            )
-                        }
+                Viewer::Server => match data.creator().map(str::to_string).or(body.actor.id()?) {
+                    Some(id) => Some(ids::parse_user_id(&id)?),
+                    None => {
+                        return Err(Error::input("creating a channel server-side needs data.created_by_id (or data.created_by.id)").into())
                     }
-                }
+                },
                 Viewer::User { id, role } => {
                     if role == "guest" {
                         return Err(Error::not_allowed("guests cannot create channels").into());
@@ -223,46 +215,40 @@ async fn get_or_create(st: &ApiState, ctx: &Ctx, kind: &str, id: &str, cid: &str
                 }
                 Viewer::Anonymous { .. } => return Err(Error::not_allowed("anonymous users cannot create channels").into()),
             };
-            let mut members = match get(&data, "members") {
-                Some(m) => input::members(m, "data.members")?,
-                None => Vec::new(),
-            };
+            let mut members = members.unwrap_or_default();
             if let (Viewer::User { id, .. }, false) = (&ctx.viewer, members.is_empty()) {
                 if !members.iter().any(|m| &m.user_id == id) {
                     members.push(MemberInput { user_id: id.clone(), ..Default::default() });
                 }
             }
-            let custom = input::limited(input::custom(&data, CHANNEL_DATA_KNOWN)?, "channel")?;
             let new = NewChannel {
                 kind: kind.to_string(),
                 id: id.to_string(),
                 created_by_id: creator,
-                team: str_opt(&data, "team")?,
-                custom,
+                team: data.team,
+                custom: data.custom.limited("channel")?,
                 members,
             };
             let (ch, _) = st.store.create_channel(&new).await?;
             ch
         }
     };
-    watch_if_asked(st, ctx, body, cid).await?;
-    let page = page_of(obj_opt(body, "messages")?, DEFAULT_MESSAGE_LIMIT)?;
-    let member_limit =
-        obj_opt(body, "members")?.map(|m| i64_opt(m, "limit")).transpose()?.flatten().unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
+    watch_if_asked(st, ctx, &q, &body.watch, cid).await?;
+    let page = body.messages.unwrap_or_default().page(DEFAULT_MESSAGE_LIMIT)?;
+    let member_limit = body.members.and_then(|m| m.limit).unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
     let state = channel_state(st, ctx, &ch, &page, member_limit).await?;
     Ok(ctx.ok(Value::Object(state)))
 }
 
-async fn watch_if_asked(st: &ApiState, ctx: &Ctx, body: &Obj, cid: &str) -> Result<(), Error> {
-    if bool_opt(body, "watch")?.unwrap_or(false) || bool_opt(body, "presence")?.unwrap_or(false) {
-        let conn = ctx.q("connection_id").map(str::to_string).or(str_opt(body, "connection_id")?);
-        if let Some(conn) = conn {
+async fn watch_if_asked(st: &ApiState, ctx: &Ctx, q: &ConnectionQuery, w: &WatchInput, cid: &str) -> Result<(), Error> {
+    if w.asked() {
+        if let Some(conn) = q.connection_id.as_ref().or(w.connection_id.as_ref()) {
             // Only the caller's own connections (any, server-side); the ws role checks.
             let owner = ctx.viewer.user_id();
-            if !st.watchers.watch(&conn, owner, cid) {
+            if !st.watchers.watch(conn, owner, cid) {
                 // The connection lives in another process (the ws role): tell it through the
                 // outbox, ahead of every event that follows.
-                relay_watch(st, WATCH_EVENT, &conn, owner, cid).await?;
+                relay_watch(st, WATCH_EVENT, conn, owner, cid).await?;
             }
         }
     }
@@ -280,12 +266,23 @@ async fn relay_watch(st: &ApiState, kind: &str, connection_id: &str, owner: Opti
     Ok(())
 }
 
-pub async fn stop_watching(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+#[derive(Deserialize)]
+pub struct StopWatchingRequest {
+    connection_id: Option<String>,
+}
+
+pub async fn stop_watching(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    ApiQuery(q): ApiQuery<ConnectionQuery>,
+    Body(body): Body<StopWatchingRequest>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     // As for watching: the channel must exist and the caller must be allowed to read it.
     load(&st, &cid).await?;
     require_read(&st, &ctx.viewer, &cid).await?;
-    if let Some(conn) = ctx.q("connection_id").map(str::to_string).or(str_opt(&body, "connection_id")?) {
+    if let Some(conn) = q.connection_id.or(body.connection_id) {
         let owner = ctx.viewer.user_id();
         if !st.watchers.unwatch(&conn, owner, &cid) {
             relay_watch(&st, UNWATCH_EVENT, &conn, owner, &cid).await?;
@@ -294,9 +291,9 @@ pub async fn stop_watching(State(st): State<ApiState>, ctx: Ctx, path: ChannelPa
     Ok(ctx.ok(json!({})))
 }
 
-async fn actor(st: &ApiState, ctx: &Ctx, body: &Obj) -> Result<Option<User>, Error> {
-    let a = input::acting_user(&ctx.viewer, ctx.user.as_ref(), body, false)?;
-    match a {
+/// The acting user a body names (server-side) or the caller, with its stored record.
+pub(crate) async fn actor(st: &ApiState, ctx: &Ctx, actor: &Actor) -> Result<Option<User>, Error> {
+    match actor.acting(&ctx.viewer, ctx.user.as_ref(), false)? {
         Some(u) => Ok(Some(st.store.get_user(&u.id).await?.unwrap_or(u))),
         None => Ok(None),
     }
@@ -304,11 +301,11 @@ async fn actor(st: &ApiState, ctx: &Ctx, body: &Obj) -> Result<Option<User>, Err
 
 /// The preamble of every channel-wide change: the path's channel, which must exist and which
 /// the caller may manage, and the acting user.
-async fn managed(st: &ApiState, ctx: &Ctx, path: ChannelPath, body: &Obj) -> Result<(String, Channel, Option<User>), Error> {
+async fn managed(st: &ApiState, ctx: &Ctx, path: ChannelPath, a: &Actor) -> Result<(String, Channel, Option<User>), Error> {
     let cid = path.cid;
     let ch = load(st, &cid).await?;
     require_manage(ctx, &ch)?;
-    let actor = actor(st, ctx, body).await?;
+    let actor = actor(st, ctx, a).await?;
     Ok((cid, ch, actor))
 }
 
@@ -320,29 +317,50 @@ fn require_manage(ctx: &Ctx, ch: &Channel) -> Result<(), Error> {
     }
 }
 
+/// A system message a channel change sends (`update`, `truncate`): its author is the
+/// message's own user, else the acting user.
+fn system_message(msg: MessageInput, ch: &Channel, actor: Option<&User>, what: &str) -> Result<NewMessage, Error> {
+    let author = msg.actor.id()?.or(actor.map(|a| a.id.clone()));
+    let mut new = msg.into_new(true, ch.max_message_length())?;
+    new.user_id = author.ok_or_else(|| Error::input(format!("the {what} message needs a user_id")))?;
+    Ok(new)
+}
+
+#[derive(Deserialize)]
+pub struct UpdateChannelRequest {
+    data: Option<ChannelData>,
+    add_members: Option<Vec<input::MemberRef>>,
+    remove_members: Option<Vec<input::MemberRef>>,
+    message: Option<MessageInput>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
 /// `POST /channels/{type}/{id}`: full update, members, optional system message, in one
 /// transaction.
-pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
-    let (cid, ch, actor) = managed(&st, &ctx, path, &body).await?;
+pub async fn update_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<UpdateChannelRequest>,
+) -> ApiResult<Json<Value>> {
+    let (cid, ch, actor) = managed(&st, &ctx, path, &body.actor).await?;
     let mut update = ChannelUpdate::default();
-    if let Some(data) = obj_opt(&body, "data")? {
-        update.custom = Some(input::limited(input::custom(data, CHANNEL_DATA_KNOWN)?, "channel")?);
-        update.team = str_opt(data, "team")?;
-        update.frozen = bool_opt(data, "frozen")?;
+    if let Some(data) = body.data {
+        update.team = data.team;
+        update.frozen = data.frozen;
+        update.custom = Some(data.custom.limited("channel")?);
     }
-    if let Some(m) = get(&body, "add_members") {
+    if let Some(m) = body.add_members {
         update.add_members = input::members(m, "add_members")?;
     }
-    if let Some(m) = get(&body, "remove_members") {
+    if let Some(m) = body.remove_members {
         update.remove_members = input::members(m, "remove_members")?.into_iter().map(|m| m.user_id).collect();
     }
-    if let Some(msg) = obj_opt(&body, "message")? {
-        let mut new = input::new_message(msg, true, ch.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000))?;
-        let author = match input::actor_id(msg)?.or(actor.as_ref().map(|a| a.id.clone())) {
-            Some(id) => User::placeholder(&id, "user"),
-            None => return Err(Error::input("the system message needs a user_id").into()),
-        };
+    if let Some(msg) = body.message {
+        let mut new = system_message(msg, &ch, actor.as_ref(), "system")?;
         new.kind = "system".into();
+        let author = User::placeholder(&new.user_id, "user");
         update.message = Some((new, author));
     }
     let (ch, sys) = st.store.update_channel(&cid, &update, actor.as_ref()).await?;
@@ -350,47 +368,78 @@ pub async fn update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelP
     if let Some(m) = sys {
         out.insert("message".into(), render::message(ctx.dialect, &m));
     }
-    let members = st.store.members(&cid, DEFAULT_MEMBER_LIMIT, 0).await?;
-    let member = is_member(&st, &ctx.viewer, &cid).await?;
-    out.insert("channel".into(), render::channel(ctx.dialect, &ch, &perm::own_capabilities(&ctx.viewer, member, &ch.kind)));
-    out.insert("members".into(), members.iter().map(|m| render::member(ctx.dialect, m)).collect());
+    out.extend(channel_and_members(&st, &ctx, &ch).await?);
     Ok(ctx.ok(Value::Object(out)))
 }
 
+/// `channel` (with the caller's capabilities) and `members` of a changed channel.
+async fn channel_and_members(st: &ApiState, ctx: &Ctx, ch: &Channel) -> Result<Map<String, Value>, Error> {
+    let members = st.store.members(&ch.cid, DEFAULT_MEMBER_LIMIT, 0).await?;
+    let member = is_member(st, &ctx.viewer, &ch.cid).await?;
+    let mut out = Map::new();
+    out.insert("channel".into(), render::channel(ctx.dialect, ch, &perm::own_capabilities(&ctx.viewer, member, &ch.kind)));
+    out.insert("members".into(), members.iter().map(|m| render::member(ctx.dialect, m)).collect());
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+pub struct PartialUpdateChannelRequest {
+    #[serde(flatten)]
+    patch: Patch,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
 /// `PATCH /channels/{type}/{id}`: `set` / `unset`.
-pub async fn partial_update_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
-    let (cid, _, actor) = managed(&st, &ctx, path, &body).await?;
-    let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
-    let unset = input::str_list(&body, "unset")?.unwrap_or_default();
+pub async fn partial_update_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<PartialUpdateChannelRequest>,
+) -> ApiResult<Json<Value>> {
+    let (cid, _, actor) = managed(&st, &ctx, path, &body.actor).await?;
+    let (set, unset) = body.patch.into_parts();
     let ch = st.store.partial_update_channel(&cid, &set, &unset, actor.as_ref()).await?;
-    let member = is_member(&st, &ctx.viewer, &cid).await?;
-    let members = st.store.members(&cid, DEFAULT_MEMBER_LIMIT, 0).await?;
-    Ok(ctx.ok(json!({
-        "channel": render::channel(ctx.dialect, &ch, &perm::own_capabilities(&ctx.viewer, member, &ch.kind)),
-        "members": members.iter().map(|m| render::member(ctx.dialect, m)).collect::<Vec<_>>(),
-    })))
+    Ok(ctx.ok(Value::Object(channel_and_members(&st, &ctx, &ch).await?)))
+}
+
+#[derive(Deserialize)]
+pub struct DeleteChannelQuery {
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    hard_delete: Option<bool>,
 }
 
 /// `DELETE /channels/{type}/{id}[?hard_delete=true]`.
-pub async fn delete_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath) -> ApiResult<Json<Value>> {
+pub async fn delete_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    ApiQuery(q): ApiQuery<DeleteChannelQuery>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     let ch = load(&st, &cid).await?;
     require_manage(&ctx, &ch)?;
-    let hard = ctx.q_bool("hard_delete");
-    let ch = st.store.delete_channel(&cid, hard, ctx.user.as_ref()).await?;
+    let ch = st.store.delete_channel(&cid, q.hard_delete.unwrap_or(false), ctx.user.as_ref()).await?;
     Ok(ctx.ok(json!({"channel": render::channel(ctx.dialect, &ch, &[])})))
 }
 
+#[derive(Deserialize)]
+pub struct DeleteChannelsRequest {
+    cids: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    hard_delete: Option<bool>,
+}
+
 /// `POST /channels/delete`: `{cids, hard_delete}`; done at once, reported as a completed task.
-pub async fn delete_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn delete_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<DeleteChannelsRequest>) -> ApiResult<Json<Value>> {
     if !ctx.viewer.is_admin() {
         return Err(Error::not_allowed("deleting channels in bulk needs server-side or admin rights").into());
     }
-    let cids = input::str_list(&body, "cids")?.ok_or_else(|| Error::input("field \"cids\" is required"))?;
+    let cids = present(body.cids, "cids")?;
     if cids.len() > 100 {
         return Err(Error::input("at most 100 cids per request").into());
     }
-    let hard = bool_opt(&body, "hard_delete")?.unwrap_or(false);
+    let hard = body.hard_delete.unwrap_or(false);
     let mut result = Map::new();
     for cid in &cids {
         ids::parse_cid(cid)?;
@@ -403,26 +452,32 @@ pub async fn delete_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): B
     Ok(ctx.ok(json!({"task_id": ids::new_id(), "result": result})))
 }
 
+#[derive(Deserialize)]
+pub struct TruncateRequest {
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    hard_delete: Option<bool>,
+    #[serde(default, deserialize_with = "de::opt_ts")]
+    truncated_at: Option<i64>,
+    message: Option<MessageInput>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
 /// `POST /channels/{type}/{id}/truncate`.
-pub async fn truncate_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
-    let (cid, ch, actor) = managed(&st, &ctx, path, &body).await?;
-    let hard = bool_opt(&body, "hard_delete")?.unwrap_or(false);
-    let at = input::ts_opt(&body, "truncated_at")?;
-    let msg = match obj_opt(&body, "message")? {
-        Some(m) => {
-            let mut new = input::new_message(m, true, ch.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000))?;
-            new.user_id = input::actor_id(m)?
-                .or(actor.as_ref().map(|a| a.id.clone()))
-                .ok_or_else(|| Error::input("the truncate message needs a user_id"))?;
-            Some(new)
-        }
-        None => None,
-    };
+pub async fn truncate_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<TruncateRequest>,
+) -> ApiResult<Json<Value>> {
+    let (cid, ch, actor) = managed(&st, &ctx, path, &body.actor).await?;
+    let msg = body.message.map(|m| system_message(m, &ch, actor.as_ref(), "truncate")).transpose()?;
     let author = match &msg {
         Some(m) if actor.is_none() => Some(User::placeholder(&m.user_id, "user")),
         _ => actor.clone(),
     };
-    let (ch, sys) = st.store.truncate_channel(&cid, at, hard, author.as_ref(), msg.as_ref()).await?;
+    let hard = body.hard_delete.unwrap_or(false);
+    let (ch, sys) = st.store.truncate_channel(&cid, body.truncated_at, hard, author.as_ref(), msg.as_ref()).await?;
     let mut out = json!({"channel": render::channel(ctx.dialect, &ch, &[])});
     if let Some(m) = sys {
         out["message"] = render::message(ctx.dialect, &m);
@@ -430,8 +485,23 @@ pub async fn truncate_channel(State(st): State<ApiState>, ctx: Ctx, path: Channe
     Ok(ctx.ok(out))
 }
 
+#[derive(Deserialize)]
+pub struct RewindRequest {
+    message_id: Option<String>,
+    expected_last_message_id: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    inclusive: Option<bool>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
 /// `POST /channels/agent/{id}/rewind`.
-pub async fn rewind_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn rewind_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<RewindRequest>,
+) -> ApiResult<Json<Value>> {
     let ChannelPath { kind, cid, .. } = path;
     if !perm::may_fork_or_rewind(&ctx.viewer) {
         return Err(
@@ -442,53 +512,95 @@ pub async fn rewind_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelP
     if kind != "agent" {
         return Err(Error::input(format!("channel {cid:?} is not an agent channel; only agent channels can be rewound")).into());
     }
-    let message_id = input::str_req(&body, "message_id")?;
-    let expected = input::str_req(&body, "expected_last_message_id")?;
-    let inclusive = bool_opt(&body, "inclusive")?.unwrap_or(false);
-    let actor = actor(&st, &ctx, &body).await?;
-    let ch = st.store.rewind_channel(&cid, &message_id, &expected, inclusive, actor.as_ref()).await?;
+    let message_id = required(body.message_id, "message_id")?;
+    let expected = required(body.expected_last_message_id, "expected_last_message_id")?;
+    let actor = actor(&st, &ctx, &body.actor).await?;
+    let ch = st.store.rewind_channel(&cid, &message_id, &expected, body.inclusive.unwrap_or(false), actor.as_ref()).await?;
     Ok(ctx.ok(json!({"channel": render::channel(ctx.dialect, &ch, &[])})))
 }
 
+#[derive(Deserialize)]
+pub struct MarkReadRequest {
+    message_id: Option<String>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
 /// `POST /channels/{type}/{id}/read`.
-pub async fn mark_read(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn mark_read(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<MarkReadRequest>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     load(&st, &cid).await?;
-    let Some(user) = actor(&st, &ctx, &body).await? else { return Err(Error::input("mark read needs a user_id").into()) };
+    let Some(user) = actor(&st, &ctx, &body.actor).await? else { return Err(Error::input("mark read needs a user_id").into()) };
     if !ctx.viewer.is_server() {
         require_read(&st, &ctx.viewer, &cid).await?;
     }
-    let mid = str_opt(&body, "message_id")?;
-    let at = st.store.mark_read(&cid, &user, mid.as_deref()).await?;
+    let at = st.store.mark_read(&cid, &user, body.message_id.as_deref()).await?;
     let ev = json!({"type": "message.read", "cid": cid, "user": render::user(ctx.dialect, &user), "created_at": ctx.dialect.ts(at)});
     Ok(ctx.ok(json!({"event": ev})))
 }
 
+#[derive(Deserialize)]
+pub struct SendEventRequest {
+    event: Option<EventInput>,
+}
+
+/// A client event: its type and acting user; every other key travels with it.
+#[derive(Deserialize)]
+struct EventInput {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(flatten)]
+    actor: Actor,
+    #[serde(flatten)]
+    _read_only: EventReadOnly,
+    #[serde(flatten)]
+    extra: input::Extra,
+}
+
+/// Event fields the server sets; a client's copy is dropped.
+#[derive(Default, Deserialize)]
+#[allow(dead_code)] // named only to keep these keys out of the event's extra fields
+struct EventReadOnly {
+    #[serde(default)]
+    cid: serde::de::IgnoredAny,
+    #[serde(default)]
+    channel_id: serde::de::IgnoredAny,
+    #[serde(default)]
+    channel_type: serde::de::IgnoredAny,
+    #[serde(default)]
+    created_at: serde::de::IgnoredAny,
+}
+
 /// `POST /channels/{type}/{id}/event`: typing, AI state and custom events, relayed to watchers.
-pub async fn send_event(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn send_event(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<SendEventRequest>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     let ch = load(&st, &cid).await?;
-    let Some(ev) = obj_opt(&body, "event")? else { return Err(Error::input("field \"event\" is required").into()) };
-    let kind = input::str_req(ev, "type")?;
+    let ev = present(body.event, "event")?;
+    let kind = required(ev.kind, "event.type")?;
     if !ctx.viewer.is_server() {
         let member = require_read(&st, &ctx.viewer, &cid).await?;
         if !perm::may_write(&ctx.viewer, member) {
             return Err(Error::not_allowed("you cannot send events to this channel").into());
         }
     }
-    let user = input::acting_user(&ctx.viewer, ctx.user.as_ref(), ev, false)?;
-    let user = match user {
-        Some(u) => Some(st.store.get_user(&u.id).await?.unwrap_or(u)),
-        None => None,
-    };
-    let extra = input::custom(ev, &["type", "user", "user_id", "cid", "channel_id", "channel_type", "created_at"])?;
+    let user = actor(&st, &ctx, &ev.actor).await?;
     let event = Event {
         kind,
         cid: Some(cid.clone()),
         channel_type: Some(ch.kind.clone()),
         channel_id: Some(ch.id.clone()),
         user,
-        extra,
+        extra: ev.extra.into_custom(),
         created_at: time::now(),
         ..Default::default()
     };
@@ -497,27 +609,47 @@ pub async fn send_event(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath,
     Ok(ctx.ok(json!({"event": rendered})))
 }
 
+#[derive(Deserialize)]
+pub struct QueryChannelsRequest {
+    filter_conditions: Option<input::Obj>,
+    filter: Option<input::Obj>,
+    sort: Option<Value>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    limit: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    offset: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    message_limit: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    member_limit: Option<i64>,
+    #[serde(flatten)]
+    watch: WatchInput,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
 /// `POST /channels`: Query Channels.
-pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
-    let filter = obj_opt(&body, "filter_conditions")?.or(obj_opt(&body, "filter")?).cloned().unwrap_or_default();
-    let mut f = ChannelFilter {
-        limit: i64_opt(&body, "limit")?.unwrap_or(10),
-        offset: i64_opt(&body, "offset")?.unwrap_or(0),
-        ..Default::default()
-    };
+pub async fn query_channels(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiQuery(q): ApiQuery<ConnectionQuery>,
+    Body(body): Body<QueryChannelsRequest>,
+) -> ApiResult<Json<Value>> {
+    let filter = body.filter_conditions.or(body.filter).unwrap_or_default();
+    let mut f = ChannelFilter { limit: body.limit.unwrap_or(10), offset: body.offset.unwrap_or(0), ..Default::default() };
     if !(0..=100).contains(&f.limit) {
         return Err(Error::input("limit must be at most 100").into());
     }
     if !filter.is_empty() {
         f.filter = Some(query::parse_filter(&filter)?);
     }
-    f.sort = query::parse_sort(get(&body, "sort"), query::channel_sort_field)?;
+    f.sort = query::parse_sort(body.sort.as_ref(), query::channel_sort_field)?;
     if f.sort.is_empty() {
         f.sort.push(Sort { field: ChannelSortField::LastUpdated, desc: true });
     }
     f.user_id = match &ctx.viewer {
         Viewer::User { id, .. } => Some(id.clone()),
-        _ => input::actor_id(&body)?,
+        _ => body.actor.id()?,
     };
     match &ctx.viewer {
         Viewer::Server => {}
@@ -526,11 +658,11 @@ pub async fn query_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): Bo
         Viewer::Anonymous { .. } => return Ok(ctx.ok(json!({"channels": []}))),
     }
     let channels = st.store.query_channels(&f).await?;
-    let msg_limit = i64_opt(&body, "message_limit")?.unwrap_or(DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT).clamp(0, 300);
-    let member_limit = i64_opt(&body, "member_limit")?.unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
+    let msg_limit = body.message_limit.unwrap_or(DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT).clamp(0, 300);
+    let member_limit = body.member_limit.unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
     let mut out = Vec::new();
     for ch in &channels {
-        watch_if_asked(&st, &ctx, &body, &ch.cid).await?;
+        watch_if_asked(&st, &ctx, &q, &body.watch, &ch.cid).await?;
         out.push(Value::Object(channel_state(&st, &ctx, ch, &Page { limit: msg_limit, dir: PageDir::Latest }, member_limit).await?));
     }
     Ok(ctx.ok(json!({"channels": out})))

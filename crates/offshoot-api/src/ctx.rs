@@ -3,33 +3,25 @@
 
 use crate::error::ApiError;
 use crate::state::ApiState;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::request::Parts;
 use bytes::Bytes;
 use offshoot_core::auth::{self, AppKeys, Caller, Credentials};
 use offshoot_core::model::{User, Viewer};
 use offshoot_core::render::Dialect;
 use offshoot_core::{Error, ErrorKind};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::{Map, Value};
-use std::collections::HashMap;
 
 pub struct Ctx {
     pub viewer: Viewer,
     /// The stored user behind a client-side token (role included).
     pub user: Option<User>,
     pub dialect: Dialect,
-    pub query: HashMap<String, String>,
 }
 
 impl Ctx {
-    pub fn q(&self, key: &str) -> Option<&str> {
-        self.query.get(key).map(String::as_str)
-    }
-
-    pub fn q_bool(&self, key: &str) -> bool {
-        matches!(self.q(key), Some("true") | Some("1"))
-    }
-
     /// A success body: `value` plus `duration`.
     pub fn ok(&self, mut value: Value) -> axum::Json<Value> {
         if let Value::Object(o) = &mut value {
@@ -39,40 +31,44 @@ impl Ctx {
     }
 }
 
-fn parse_query(q: Option<&str>) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    if let Some(q) = q {
-        for pair in q.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            out.insert(decode(k), decode(v));
-        }
-    }
-    out
+/// What authentication reads from the query string.
+#[derive(Deserialize)]
+struct AuthQuery {
+    api_key: Option<String>,
+    #[serde(rename = "stream-auth-type")]
+    auth_type: Option<String>,
 }
 
-/// Percent-decoding (and `+` as space) of one query component.
-pub fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
+/// The query string decoded (axum's `Query`), with Stream errors: a parameter holding a NUL
+/// character is refused like a body field holding one.
+fn query<T: DeserializeOwned>(parts: &Parts) -> Result<T, Error> {
+    let pairs = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri).map(|Query(p)| p).unwrap_or_default();
+    if let Some((key, _)) = pairs.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')) {
+        return Err(Error::input(format!("query parameter {key:?} contains a NUL character")).field("field", key));
     }
-    String::from_utf8_lossy(&out).into_owned()
+    let raw = parts.uri.query().unwrap_or_default();
+    serde_path_to_error::deserialize(serde_urlencoded::Deserializer::new(form_urlencoded::parse(raw.as_bytes())))
+        .map_err(|e| field_error(&e, "query parameter"))
+}
+
+/// The input error of a field that does not deserialize, naming it in `exception_fields`.
+fn field_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>, what: &str) -> Error {
+    let path = e.path().to_string();
+    if path == "." {
+        return Error::input(format!("the {what} is not valid: {}", e.inner()));
+    }
+    Error::input(format!("{what} {path:?} is not valid: {}", e.inner())).field("field", path)
+}
+
+/// A query string as its request type; a bad parameter is an input error that names it.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(ApiQuery(query(parts)?))
+    }
 }
 
 impl FromRequestParts<ApiState> for Ctx {
@@ -80,14 +76,11 @@ impl FromRequestParts<ApiState> for Ctx {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Self::Rejection> {
         let dialect = parts.extensions.get::<Dialect>().copied().unwrap_or(Dialect::Legacy);
-        let query = parse_query(parts.uri.query());
-        if let Some(key) = query.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')).map(|(k, _)| k.clone()) {
-            return Err(Error::input(format!("query parameter {key:?} contains a NUL character")).field("field", key).into());
-        }
+        let q: AuthQuery = query(parts)?;
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-        let auth_type = header("stream-auth-type").or(query.get("stream-auth-type").map(String::as_str));
+        let auth_type = header("stream-auth-type").or(q.auth_type.as_deref());
         let creds = Credentials {
-            api_key: query.get("api_key").map(String::as_str),
+            api_key: q.api_key.as_deref(),
             token: header("authorization"),
             anonymous: auth_type.is_some_and(|t| t.eq_ignore_ascii_case("anonymous")),
             user_id: None,
@@ -104,19 +97,20 @@ impl FromRequestParts<ApiState> for Ctx {
             }
             Caller::User { id, user } => {
                 crate::ops::record_caller(&id);
-                let user = user.unwrap_or_else(|| User::placeholder(&id, "user"));
+                let user = user.map_or_else(|| User::placeholder(&id, "user"), |u| *u);
                 (Viewer::User { id, role: user.role.clone() }, Some(user))
             }
         };
-        Ok(Ctx { viewer, user, dialect, query })
+        Ok(Ctx { viewer, user, dialect })
     }
 }
 
-/// The JSON body as an object. Empty bodies are `{}`; bad JSON, non-objects and oversized
-/// bodies get Stream errors.
-pub struct Body(pub Map<String, Value>);
+/// The JSON body as the endpoint's request type. An empty body or `null` is `{}`; bad JSON,
+/// non-objects, oversized bodies and fields that do not fit the type get Stream errors, the
+/// last naming the field (`exception_fields.field`).
+pub struct Body<T>(pub T);
 
-impl<S: Send + Sync> FromRequest<S> for Body {
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
@@ -127,21 +121,24 @@ impl<S: Send + Sync> FromRequest<S> for Body {
                 ApiError(Error::input(format!("the request body could not be read: {e}")))
             }
         })?;
-        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-            return Ok(Body(Map::new()));
-        }
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(o)) => {
-                if let Some(field) = nul_field(&o) {
-                    return Err(Error::input(format!("field {field:?} contains a NUL character (\\u0000), which Offshoot does not store"))
-                        .field("field", field)
-                        .into());
-                }
-                Ok(Body(o))
+        let object = if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+            Map::new()
+        } else {
+            match serde_json::from_slice::<Value>(&bytes) {
+                Ok(Value::Object(o)) => o,
+                Ok(Value::Null) => Map::new(),
+                Ok(_) => return Err(Error::input("the request body must be a JSON object").into()),
+                Err(e) => return Err(Error::input(format!("the request body is not valid JSON: {e}")).into()),
             }
-            Ok(Value::Null) => Ok(Body(Map::new())),
-            Ok(_) => Err(Error::input("the request body must be a JSON object").into()),
-            Err(e) => Err(Error::input(format!("the request body is not valid JSON: {e}")).into()),
+        };
+        if let Some(field) = nul_field(&object) {
+            return Err(Error::input(format!("field {field:?} contains a NUL character (\\u0000), which Offshoot does not store"))
+                .field("field", field)
+                .into());
+        }
+        match serde_path_to_error::deserialize(Value::Object(object)) {
+            Ok(t) => Ok(Body(t)),
+            Err(e) => Err(field_error(&e, "field").into()),
         }
     }
 }

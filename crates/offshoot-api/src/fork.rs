@@ -1,10 +1,10 @@
 //! The fork endpoints: fork a channel, look up copy ids, list a channel's forks, and the task
 //! behind a backfill.
 
-use crate::channels::{channel_state, is_member, load, page_of, require_read, DEFAULT_MEMBER_LIMIT, DEFAULT_MESSAGE_LIMIT};
-use crate::ctx::{ApiPath, Body, ChannelPath, Ctx};
+use crate::channels::{channel_state, is_member, load, require_read, DEFAULT_MEMBER_LIMIT, DEFAULT_MESSAGE_LIMIT};
+use crate::ctx::{ApiPath, ApiQuery, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt, get, obj_opt, str_opt};
+use crate::input::{self, de, present, required, Actor, ChannelData, MemberRef, PageInput};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
@@ -12,6 +12,7 @@ use offshoot_core::fork::{MAX_LOOKUP, MAX_MEMBERS};
 use offshoot_core::model::{ForkStatus, Viewer};
 use offshoot_core::{ids, perm, render, Error};
 use offshoot_store::ForkRequest;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 async fn require_fork_enabled(st: &ApiState) -> Result<(), Error> {
@@ -22,26 +23,37 @@ async fn require_fork_enabled(st: &ApiState) -> Result<(), Error> {
     }
 }
 
-const DATA_KNOWN: &[&str] = &[
-    "created_by",
-    "created_by_id",
-    "members",
-    "team",
-    "id",
-    "type",
-    "cid",
-    "created_at",
-    "updated_at",
-    "frozen",
-    "disabled",
-    "own_capabilities",
-    "member_count",
-    "config_overrides",
-    "fork",
-];
+/// The body of `POST /channels/{type}/{id}/fork` (docs/fork.md).
+#[derive(Deserialize)]
+pub struct ForkChannelRequest {
+    message_id: Option<String>,
+    channel: Option<ForkTarget>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    exclude_attachments: Option<bool>,
+    inherit_data: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    require_finished: Option<bool>,
+    messages: Option<PageInput>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
+/// The new channel: its id, data and members.
+#[derive(Deserialize)]
+struct ForkTarget {
+    id: Option<String>,
+    data: Option<ChannelData>,
+    members: Option<Vec<MemberRef>>,
+    name: Option<Value>,
+}
 
 /// `POST /channels/{type}/{id}/fork`.
-pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn fork_channel(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<ForkChannelRequest>,
+) -> ApiResult<Json<Value>> {
     let source_cid = path.cid;
     require_fork_enabled(&st).await?;
     if !perm::may_fork_or_rewind(&ctx.viewer) {
@@ -50,16 +62,16 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
         )
         .into());
     }
-    let message_id = input::str_req(&body, "message_id")?;
-    let Some(target) = obj_opt(&body, "channel")? else {
-        return Err(Error::input("field \"channel\" is required, with the new channel's id").into());
+    let message_id = required(body.message_id, "message_id")?;
+    let Some(target) = body.channel else {
+        return Err(Error::input("field \"channel\" is required, with the new channel's id").field("field", "channel").into());
     };
-    let target_id = ids::parse_channel_id(&input::str_req(target, "id")?)?;
-    let data = obj_opt(target, "data")?.cloned().unwrap_or_default();
-    if get(&data, "members").is_some() {
+    let target_id = ids::parse_channel_id(&required(target.id, "channel.id")?)?;
+    let data = target.data.unwrap_or_default();
+    if data.members.is_some() {
         return Err(Error::input("members go in channel.members, not channel.data.members").into());
     }
-    let members = match get(target, "members") {
+    let members = match target.members {
         Some(m) => {
             let list = input::members(m, "channel.members")?;
             if list.len() > MAX_MEMBERS {
@@ -70,27 +82,27 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
         None => None,
     };
     let created_by_id = match &ctx.viewer {
-        Viewer::Server => input::actor_id(&body)?,
+        Viewer::Server => body.actor.id()?,
         Viewer::User { id, .. } => Some(id.clone()),
         Viewer::Anonymous { .. } => None,
     };
-    let mut custom = input::custom(&data, DATA_KNOWN)?;
-    if let Some(v) = get(target, "name") {
-        custom.entry("name").or_insert(v.clone());
+    let team = data.team;
+    let mut custom = data.custom.into_custom();
+    if let Some(v) = target.name {
+        custom.entry("name").or_insert(v);
     }
-    let mut req = ForkRequest {
+    let req = ForkRequest {
         source_cid: source_cid.clone(),
         message_id,
         target_id,
-        custom,
-        team: str_opt(&data, "team")?,
+        custom: input::Extra::from(custom).limited("channel")?,
+        team,
         members,
-        exclude_attachments: bool_opt(&body, "exclude_attachments")?.unwrap_or(false),
+        exclude_attachments: body.exclude_attachments.unwrap_or(false),
         created_by_id,
-        inherit_data: input::str_list(&body, "inherit_data")?.unwrap_or_default(),
-        require_finished: bool_opt(&body, "require_finished")?.unwrap_or(false),
+        inherit_data: body.inherit_data.unwrap_or_default(),
+        require_finished: body.require_finished.unwrap_or(false),
     };
-    req.custom = input::limited(std::mem::take(&mut req.custom), "channel")?;
     let outcome = st.store.create_fork(&req).await?;
     if outcome.fork.status == ForkStatus::Backfilling {
         // After the commit; a lost push only delays the backfill until the reconciler runs.
@@ -98,7 +110,7 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
             tracing::warn!(fork = %outcome.fork.channel_cid, error = %e.message, "queueing the backfill failed; the reconciler will queue it");
         }
     }
-    let page = page_of(obj_opt(&body, "messages")?, DEFAULT_MESSAGE_LIMIT)?;
+    let page = body.messages.unwrap_or_default().page(DEFAULT_MESSAGE_LIMIT)?;
     let mut state = channel_state(&st, &ctx, &outcome.channel, &page, DEFAULT_MEMBER_LIMIT).await?;
     let mut fork = render::fork(ctx.dialect, &outcome.fork);
     fork["message_id_map"] = Value::Object(outcome.message_id_map);
@@ -108,12 +120,22 @@ pub async fn fork_channel(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
 
 /// `POST /channels/{type}/{id}/fork/message_ids`: source id → copy id, for the copies the
 /// fork holds. Needs only read access to the fork.
-pub async fn lookup_fork_message_ids(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+#[derive(Deserialize)]
+pub struct LookupForkMessageIdsRequest {
+    source_message_ids: Option<Vec<String>>,
+}
+
+pub async fn lookup_fork_message_ids(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<LookupForkMessageIdsRequest>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     require_fork_enabled(&st).await?;
     let ch = load(&st, &cid).await?;
     require_read(&st, &ctx.viewer, &cid).await?;
-    let ids = input::str_list(&body, "source_message_ids")?.ok_or_else(|| Error::input("field \"source_message_ids\" is required"))?;
+    let ids = present(body.source_message_ids, "source_message_ids")?;
     if ids.len() > MAX_LOOKUP {
         return Err(Error::input(format!("source_message_ids can hold at most {MAX_LOOKUP} ids")).into());
     }
@@ -126,7 +148,12 @@ pub async fn lookup_fork_message_ids(State(st): State<ApiState>, ctx: Ctx, path:
 
 /// `GET /channels/{type}/{id}/forks?limit=&offset=`: the channel's forks, newest first, and
 /// its own source when it is a fork. Works after the source was deleted.
-pub async fn list_forks(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath) -> ApiResult<Json<Value>> {
+pub async fn list_forks(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    ApiQuery(q): ApiQuery<input::ListQuery>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     let ch = st.store.get_channel(&cid).await?;
     let allowed = match &ch {
@@ -137,11 +164,7 @@ pub async fn list_forks(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath)
     if !allowed {
         return Err(Error::not_allowed(format!("you are not allowed to read channel {cid:?}")).into());
     }
-    let limit = ctx.q("limit").map(|l| l.parse::<i64>().map_err(|_| Error::input("limit must be a number"))).transpose()?.unwrap_or(25);
-    let offset = ctx.q("offset").map(|l| l.parse::<i64>().map_err(|_| Error::input("offset must be a number"))).transpose()?.unwrap_or(0);
-    if !(1..=100).contains(&limit) || offset < 0 {
-        return Err(Error::input("limit must be 1..100 and offset ≥ 0").into());
-    }
+    let (limit, offset) = q.limit_offset(100)?;
     let forks = st.store.list_forks(&cid, limit, offset).await?;
     let mut out = json!({"forks": forks.iter().map(|f| render::fork(ctx.dialect, f)).collect::<Vec<_>>()});
     if let Some(f) = ch.as_ref().and_then(|c| c.fork.as_ref()) {

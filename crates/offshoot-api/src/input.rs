@@ -1,167 +1,211 @@
-//! Parsing the polymorphic inputs the three SDKs send (docs/compatibility.md): members as strings
-//! or objects, the actor as `user_id`, `user.id` or `created_by.id`, custom data nested under
-//! `custom` or flat, `null` for absent. Wrong types are input errors that name the field.
+//! The request types: one `Deserialize` struct per body and query string, in the polymorphic
+//! shapes the three SDKs send (docs/compatibility.md): members as strings or objects, the actor
+//! as `user_id`, `user.id` or `user: "id"`, custom data nested under `custom` or flat (the
+//! keys a struct does not name, through `#[serde(flatten)]`), `null` for absent, booleans and
+//! integers also as strings. A bad field is an input error that names it ([`crate::ctx::Body`]).
 
 use offshoot_core::model::{Custom, NewMessage, User, Viewer};
+pub use offshoot_core::wire::{Extra, UserReadOnly};
 use offshoot_core::{ids, time, Error};
-use offshoot_store::MemberInput;
+use offshoot_store::{MemberInput, Page, PageDir};
+use serde::de::{Deserializer, IgnoredAny};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 pub type Obj = Map<String, Value>;
 type R<T> = Result<T, Error>;
 
-fn wrong(field: &str, want: &str) -> Error {
-    Error::input(format!("field {field:?} must be {want}"))
-}
+/// Field deserializers for the lenient scalars the SDKs send.
+pub mod de {
+    use super::*;
 
-pub fn get<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
-    o.get(key).filter(|v| !v.is_null())
-}
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum BoolOrText {
+        Bool(bool),
+        Text(String),
+    }
 
-pub fn str_opt(o: &Obj, key: &str) -> R<Option<String>> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(wrong(key, "a string")),
-    }
-}
-
-pub fn str_req(o: &Obj, key: &str) -> R<String> {
-    match str_opt(o, key)? {
-        Some(s) if !s.is_empty() => Ok(s),
-        _ => Err(Error::input(format!("field {key:?} is required"))),
-    }
-}
-
-pub fn bool_opt(o: &Obj, key: &str) -> R<Option<bool>> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(Value::String(s)) if s == "true" || s == "false" => Ok(Some(s == "true")),
-        Some(_) => Err(wrong(key, "a boolean")),
-    }
-}
-
-pub fn i64_opt(o: &Obj, key: &str) -> R<Option<i64>> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => n.as_i64().map(Some).ok_or_else(|| wrong(key, "an integer")),
-        Some(Value::String(s)) => s.parse().map(Some).map_err(|_| wrong(key, "an integer")),
-        Some(_) => Err(wrong(key, "an integer")),
-    }
-}
-
-pub fn obj_opt<'a>(o: &'a Obj, key: &str) -> R<Option<&'a Obj>> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::Object(m)) => Ok(Some(m)),
-        Some(_) => Err(wrong(key, "an object")),
-    }
-}
-
-pub fn arr_opt<'a>(o: &'a Obj, key: &str) -> R<Option<&'a Vec<Value>>> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(Value::Array(a)) => Ok(Some(a)),
-        Some(_) => Err(wrong(key, "an array")),
-    }
-}
-
-pub fn str_list(o: &Obj, key: &str) -> R<Option<Vec<String>>> {
-    match arr_opt(o, key)? {
-        None => Ok(None),
-        Some(a) => a
-            .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong(key, "an array of strings")))
-            .collect::<R<Vec<_>>>()
-            .map(Some),
-    }
-}
-
-pub fn ts_opt(o: &Obj, key: &str) -> R<Option<i64>> {
-    match get(o, key) {
-        None => Ok(None),
-        Some(v) => time::parse(v).map(Some).ok_or_else(|| wrong(key, "an RFC 3339 timestamp")),
-    }
-}
-
-/// Custom data: the `custom` object merged with every key not in `known`.
-pub fn custom(o: &Obj, known: &[&str]) -> R<Custom> {
-    let mut out = Custom::new();
-    for (k, v) in o {
-        if k == "custom" || known.contains(&k.as_str()) {
-            continue;
-        }
-        out.insert(k.clone(), v.clone());
-    }
-    if let Some(c) = obj_opt(o, "custom")? {
-        for (k, v) in c {
-            out.insert(k.clone(), v.clone());
-        }
-    }
-    Ok(out)
-}
-
-/// Custom data of users and channels is limited like messages' (5 KiB serialised).
-pub fn limited(custom: Custom, what: &str) -> R<Custom> {
-    let size = serde_json::to_vec(&custom).map(|v| v.len()).unwrap_or(usize::MAX);
-    if size > offshoot_core::fork::MAX_CUSTOM_BYTES {
-        return Err(Error::input(format!(
-            "{what} custom data is {size} bytes; at most {} are allowed",
-            offshoot_core::fork::MAX_CUSTOM_BYTES
-        )));
-    }
-    Ok(custom)
-}
-
-/// `user_id`, `user.id` or `user: "id"`, validated.
-pub fn actor_id(o: &Obj) -> R<Option<String>> {
-    if let Some(id) = str_opt(o, "user_id")? {
-        return Ok(Some(ids::parse_user_id(&id)?));
-    }
-    match get(o, "user") {
-        Some(Value::Object(u)) => str_opt(u, "id")?.map(|id| ids::parse_user_id(&id)).transpose(),
-        Some(Value::String(s)) => Ok(Some(ids::parse_user_id(s)?)),
-        Some(_) => Err(wrong("user", "an object with an id")),
-        None => Ok(None),
-    }
-}
-
-/// The user a write acts as: a client-side caller is itself; a server-side call names one.
-pub fn acting_user(viewer: &Viewer, me: Option<&User>, body: &Obj, required: bool) -> R<Option<User>> {
-    match viewer {
-        Viewer::Server => match actor_id(body)? {
-            Some(id) => Ok(Some(User::placeholder(&id, "user"))),
-            None if required => Err(Error::input("a server-side request must name the acting user with user_id or user.id")),
+    /// `true`, `"true"`, `"1"` (query strings), or absent / `null`.
+    pub fn opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+        match Option::<BoolOrText>::deserialize(d)? {
             None => Ok(None),
-        },
-        Viewer::User { id, role } => Ok(Some(me.cloned().unwrap_or_else(|| User::placeholder(id, role)))),
-        Viewer::Anonymous { .. } => Err(Error::not_allowed("anonymous users cannot do this")),
+            Some(BoolOrText::Bool(b)) => Ok(Some(b)),
+            Some(BoolOrText::Text(s)) => match s.as_str() {
+                "true" | "1" => Ok(Some(true)),
+                "false" | "0" => Ok(Some(false)),
+                _ => Err(serde::de::Error::custom(format!("expected a boolean, got {s:?}"))),
+            },
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum IntOrText {
+        Int(i64),
+        Text(String),
+    }
+
+    /// An integer, also as a string (query strings, some SDK payloads), or absent / `null`.
+    pub fn opt_i64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        match Option::<IntOrText>::deserialize(d)? {
+            None => Ok(None),
+            Some(IntOrText::Int(n)) => Ok(Some(n)),
+            Some(IntOrText::Text(s)) => {
+                s.parse().map(Some).map_err(|_| serde::de::Error::custom(format!("expected an integer, got {s:?}")))
+            }
+        }
+    }
+
+    /// A key that is present, even as `null` (`Some(None)`), against one that is absent
+    /// (`None`, with `#[serde(default)]`).
+    pub fn some<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+        T::deserialize(d).map(Some)
+    }
+
+    /// [`opt_bool`], keeping a present `null` apart from an absent key.
+    pub fn some_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<bool>>, D::Error> {
+        opt_bool(d).map(Some)
+    }
+
+    /// [`opt_ts`], keeping a present `null` apart from an absent key.
+    pub fn some_ts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
+        opt_ts(d).map(Some)
+    }
+
+    /// An RFC 3339 timestamp or Unix nanoseconds, or absent / `null`.
+    pub fn opt_ts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        match Option::<Value>::deserialize(d)? {
+            None => Ok(None),
+            Some(v) => time::parse(&v).map(Some).ok_or_else(|| serde::de::Error::custom("expected an RFC 3339 timestamp")),
+        }
     }
 }
 
-/// Members as strings or `{user_id, channel_role, custom…}` objects.
-pub fn members(v: &Value, field: &str) -> R<Vec<MemberInput>> {
-    let Value::Array(a) = v else { return Err(wrong(field, "an array of user ids or member objects")) };
-    let mut out: Vec<MemberInput> = Vec::with_capacity(a.len());
-    for item in a {
+/// `field` of a request, which must be there and not empty.
+pub fn required<T>(value: Option<T>, field: &str) -> R<T>
+where
+    T: AsRef<str>,
+{
+    value.filter(|v| !v.as_ref().is_empty()).ok_or_else(|| Error::input(format!("field {field:?} is required")).field("field", field))
+}
+
+/// `field`, which must be there.
+pub fn present<T>(value: Option<T>, field: &str) -> R<T> {
+    value.ok_or_else(|| Error::input(format!("field {field:?} is required")).field("field", field))
+}
+
+/// `?limit=&offset=` of a list endpoint; `limit` defaults to 25.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    limit: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    offset: Option<i64>,
+}
+
+impl ListQuery {
+    /// `limit` in 1..=`max` and `offset` ≥ 0.
+    pub fn limit_offset(&self, max: i64) -> R<(i64, i64)> {
+        let (limit, offset) = (self.limit.unwrap_or(25), self.offset.unwrap_or(0));
+        if !(1..=max).contains(&limit) || offset < 0 {
+            return Err(Error::input(format!("limit must be 1..{max} and offset ≥ 0")));
+        }
+        Ok((limit, offset))
+    }
+}
+
+/// A user named by id, as a string or an object with an `id`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum UserRef {
+    Id(String),
+    Object { id: Option<String> },
+}
+
+impl UserRef {
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            UserRef::Id(id) => Some(id),
+            UserRef::Object { id } => id.as_deref(),
+        }
+    }
+}
+
+/// Who a server-side request acts as: `user_id`, `user.id` or `user: "id"`.
+#[derive(Debug, Default, Deserialize)]
+pub struct Actor {
+    user_id: Option<String>,
+    user: Option<UserRef>,
+}
+
+impl Actor {
+    /// The named user id, validated.
+    pub fn id(&self) -> R<Option<String>> {
+        match self.user_id.as_deref().or(self.user.as_ref().and_then(UserRef::id)) {
+            Some(id) => Ok(Some(ids::parse_user_id(id)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The user a write acts as: a client-side caller is itself; a server-side call names one.
+    pub fn acting(&self, viewer: &Viewer, me: Option<&User>, required: bool) -> R<Option<User>> {
+        match viewer {
+            Viewer::Server => match self.id()? {
+                Some(id) => Ok(Some(User::placeholder(&id, "user"))),
+                None if required => Err(Error::input("a server-side request must name the acting user with user_id or user.id")),
+                None => Ok(None),
+            },
+            Viewer::User { id, role } => Ok(Some(me.cloned().unwrap_or_else(|| User::placeholder(id, role)))),
+            Viewer::Anonymous { .. } => Err(Error::not_allowed("anonymous users cannot do this")),
+        }
+    }
+}
+
+/// A member as a user id or `{user_id | user.id, channel_role, custom…}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum MemberRef {
+    Id(String),
+    Member(Box<MemberObject>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MemberObject {
+    user_id: Option<String>,
+    user: Option<UserRef>,
+    channel_role: Option<String>,
+    #[serde(flatten)]
+    _read_only: MemberReadOnly,
+    #[serde(flatten)]
+    custom: Extra,
+}
+
+/// Member fields the server sets; a client's copy is dropped.
+#[derive(Debug, Default, Deserialize)]
+#[allow(dead_code)] // named only to keep these keys out of custom data
+struct MemberReadOnly {
+    #[serde(default)]
+    role: IgnoredAny,
+    #[serde(default)]
+    created_at: IgnoredAny,
+    #[serde(default)]
+    updated_at: IgnoredAny,
+}
+
+/// Members as sent, validated and without repeats; `field` names the list in errors.
+pub fn members(list: Vec<MemberRef>, field: &str) -> R<Vec<MemberInput>> {
+    let mut out: Vec<MemberInput> = Vec::with_capacity(list.len());
+    for item in list {
         let m = match item {
-            Value::String(s) => MemberInput { user_id: ids::parse_user_id(s)?, ..Default::default() },
-            Value::Object(o) => {
-                let uid = match str_opt(o, "user_id")? {
-                    Some(u) => u,
-                    None => match obj_opt(o, "user")? {
-                        Some(u) => str_req(u, "id")?,
-                        None => return Err(Error::input(format!("every entry of {field:?} needs a user_id"))),
-                    },
+            MemberRef::Id(s) => MemberInput { user_id: ids::parse_user_id(&s)?, ..Default::default() },
+            MemberRef::Member(m) => {
+                let m = *m;
+                let Some(uid) = m.user_id.clone().or_else(|| m.user.as_ref().and_then(|u| u.id().map(str::to_string))) else {
+                    return Err(Error::input(format!("every entry of {field:?} needs a user_id")).field("field", field));
                 };
-                MemberInput {
-                    user_id: ids::parse_user_id(&uid)?,
-                    channel_role: str_opt(o, "channel_role")?,
-                    custom: custom(o, &["user_id", "user", "channel_role", "role", "created_at", "updated_at"])?,
-                }
+                MemberInput { user_id: ids::parse_user_id(&uid)?, channel_role: m.channel_role, custom: m.custom.into_custom() }
             }
-            _ => return Err(wrong(field, "an array of user ids or member objects")),
         };
         if !out.iter().any(|x| x.user_id == m.user_id) {
             out.push(m);
@@ -170,57 +214,150 @@ pub fn members(v: &Value, field: &str) -> R<Vec<MemberInput>> {
     Ok(out)
 }
 
-const MESSAGE_KNOWN: &[&str] = &[
-    "id",
-    "text",
-    "html",
-    "mml",
-    "type",
-    "parent_id",
-    "show_in_channel",
-    "quoted_message_id",
-    "attachments",
-    "mentioned_users",
-    "silent",
-    "pinned",
-    "pin_expires",
-    "pinned_at",
-    "restricted_visibility",
-    "poll_id",
-    "user_id",
-    "user",
-    "custom",
-    "i18n",
-    "created_at",
-    "updated_at",
-    "cid",
-    "command",
-    "latest_reactions",
-    "own_reactions",
-    "reaction_counts",
-    "reaction_scores",
-    "reply_count",
-    "deleted_reply_count",
-    "shadowed",
-    "mentioned_channel",
-    "mentioned_here",
-    "thread_participants",
-    "quoted_message",
-    "deleted_at",
-    "pinned_by",
-    "reaction_groups",
-    "message_text_updated_at",
-    "member",
-    "channel",
-    "deleted_for_me",
-    "status",
-    "args",
-    "before_message_send_failed",
-    "show_in_channel",
-];
+/// Message pagination: `{limit, id_lt, id_lte, id_gt, id_gte, id_around}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct PageInput {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    pub limit: Option<i64>,
+    pub id_lt: Option<String>,
+    pub id_lte: Option<String>,
+    pub id_gt: Option<String>,
+    pub id_gte: Option<String>,
+    pub id_around: Option<String>,
+}
 
-pub fn message_custom(o: &Obj) -> R<Custom> {
-    custom(o, MESSAGE_KNOWN)
+impl PageInput {
+    pub fn page(self, default_limit: i64) -> R<Page> {
+        let limit = self.limit.unwrap_or(default_limit);
+        if !(0..=300).contains(&limit) {
+            return Err(Error::input("messages.limit must be between 0 and 300"));
+        }
+        let dir = if let Some(id) = self.id_lt {
+            PageDir::Before { id, inclusive: false }
+        } else if let Some(id) = self.id_lte {
+            PageDir::Before { id, inclusive: true }
+        } else if let Some(id) = self.id_gt {
+            PageDir::After { id, inclusive: false }
+        } else if let Some(id) = self.id_gte {
+            PageDir::After { id, inclusive: true }
+        } else if let Some(id) = self.id_around {
+            PageDir::Around { id }
+        } else {
+            PageDir::Latest
+        };
+        Ok(Page { limit, dir })
+    }
+}
+
+/// `{limit}` of a list inside a request (`members`).
+#[derive(Debug, Default, Deserialize)]
+pub struct LimitInput {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    pub limit: Option<i64>,
+}
+
+/// `set` / `unset` of a partial update.
+#[derive(Debug, Default, Deserialize)]
+pub struct Patch {
+    pub set: Option<Obj>,
+    pub unset: Option<Vec<String>>,
+}
+
+impl Patch {
+    pub fn into_parts(self) -> (Obj, Vec<String>) {
+        (self.set.unwrap_or_default(), self.unset.unwrap_or_default())
+    }
+}
+
+/// A message as sent.
+#[derive(Debug, Default, Deserialize)]
+pub struct MessageInput {
+    id: Option<String>,
+    text: Option<String>,
+    html: Option<String>,
+    mml: Option<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    parent_id: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    show_in_channel: Option<bool>,
+    quoted_message_id: Option<String>,
+    attachments: Option<Vec<Obj>>,
+    mentioned_users: Option<Vec<UserRef>>,
+    restricted_visibility: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    silent: Option<bool>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    pinned: Option<bool>,
+    #[serde(default, deserialize_with = "de::opt_ts")]
+    pin_expires: Option<i64>,
+    command: Option<String>,
+    i18n: Option<Obj>,
+    #[serde(default, deserialize_with = "de::opt_ts")]
+    created_at: Option<i64>,
+    #[serde(flatten)]
+    pub actor: Actor,
+    #[serde(flatten)]
+    _read_only: MessageReadOnly,
+    #[serde(flatten)]
+    custom: Extra,
+}
+
+/// Message fields the server sets (or Offshoot does not store); a client's copy is dropped
+/// instead of landing in custom data.
+#[derive(Debug, Default, Deserialize)]
+#[allow(dead_code)] // named only to keep these keys out of custom data
+struct MessageReadOnly {
+    #[serde(default)]
+    pinned_at: IgnoredAny,
+    #[serde(default)]
+    poll_id: IgnoredAny,
+    #[serde(default)]
+    updated_at: IgnoredAny,
+    #[serde(default)]
+    cid: IgnoredAny,
+    #[serde(default)]
+    latest_reactions: IgnoredAny,
+    #[serde(default)]
+    own_reactions: IgnoredAny,
+    #[serde(default)]
+    reaction_counts: IgnoredAny,
+    #[serde(default)]
+    reaction_scores: IgnoredAny,
+    #[serde(default)]
+    reaction_groups: IgnoredAny,
+    #[serde(default)]
+    reply_count: IgnoredAny,
+    #[serde(default)]
+    deleted_reply_count: IgnoredAny,
+    #[serde(default)]
+    shadowed: IgnoredAny,
+    #[serde(default)]
+    mentioned_channel: IgnoredAny,
+    #[serde(default)]
+    mentioned_here: IgnoredAny,
+    #[serde(default)]
+    thread_participants: IgnoredAny,
+    #[serde(default)]
+    quoted_message: IgnoredAny,
+    #[serde(default)]
+    deleted_at: IgnoredAny,
+    #[serde(default)]
+    pinned_by: IgnoredAny,
+    #[serde(default)]
+    message_text_updated_at: IgnoredAny,
+    #[serde(default)]
+    member: IgnoredAny,
+    #[serde(default)]
+    channel: IgnoredAny,
+    #[serde(default)]
+    deleted_for_me: IgnoredAny,
+    #[serde(default)]
+    status: IgnoredAny,
+    #[serde(default)]
+    args: IgnoredAny,
+    #[serde(default)]
+    before_message_send_failed: IgnoredAny,
 }
 
 /// Escapes text into the minimal HTML Stream renders for plain text.
@@ -232,82 +369,210 @@ pub fn html_of(text: &str) -> String {
     format!("<p>{}</p>\n", esc.replace('\n', "<br/>"))
 }
 
-pub fn mentioned(o: &Obj) -> R<Vec<String>> {
-    match arr_opt(o, "mentioned_users")? {
-        None => Ok(Vec::new()),
-        Some(a) => a
-            .iter()
-            .map(|v| match v {
-                Value::String(s) => Ok(s.clone()),
-                Value::Object(u) => str_req(u, "id"),
-                _ => Err(wrong("mentioned_users", "an array of user ids")),
-            })
-            .collect(),
-    }
+/// User ids of `mentioned_users` (strings or user objects).
+pub fn mentioned(list: Option<Vec<UserRef>>) -> R<Vec<String>> {
+    list.unwrap_or_default().iter().map(|u| required(u.id().map(str::to_string), "mentioned_users.id")).collect()
 }
 
-/// A message body as sent. `max_text` is the channel type's `max_message_length`.
-pub fn new_message(o: &Obj, server_side: bool, max_text: i64) -> R<NewMessage> {
-    let text = str_opt(o, "text")?.unwrap_or_default();
+/// The error of text longer than the channel type's `max_message_length`.
+pub fn check_length(text: &str, max_text: i64) -> R<()> {
     if text.chars().count() as i64 > max_text {
         return Err(Error::new(
             offshoot_core::ErrorKind::MessageTooLong,
             format!("message text is longer than {max_text} characters, the channel type's max_message_length"),
         ));
     }
-    let id = match str_opt(o, "id")? {
-        Some(id) if !id.is_empty() => ids::parse_message_id(&id)?,
-        _ => String::new(),
-    };
-    let kind = str_opt(o, "type")?.unwrap_or_else(|| "regular".into());
-    if !matches!(kind.as_str(), "regular" | "system" | "ephemeral" | "error") {
-        return Err(Error::input(format!("message type {kind:?} cannot be sent: use regular, system, ephemeral or error"))
-            .field("field", "message.type"));
-    }
-    if kind != "regular" && !server_side {
-        return Err(Error::not_allowed(format!("only server-side requests can send {kind} messages")));
-    }
-    let attachments = match arr_opt(o, "attachments")? {
-        None => Vec::new(),
-        Some(a) => {
-            if a.iter().any(|v| !v.is_object()) {
-                return Err(wrong("attachments", "an array of objects"));
-            }
-            a.clone()
-        }
-    };
-    if attachments.len() > offshoot_core::fork::MAX_ATTACHMENTS {
+    Ok(())
+}
+
+/// The error of more attachments than a message may carry.
+pub fn check_attachments(n: usize) -> R<()> {
+    if n > offshoot_core::fork::MAX_ATTACHMENTS {
         return Err(Error::input(format!("a message can have at most {} attachments", offshoot_core::fork::MAX_ATTACHMENTS)));
     }
-    let custom = message_custom(o)?;
-    if serde_json::to_vec(&custom).map(|v| v.len()).unwrap_or(0) > offshoot_core::fork::MAX_CUSTOM_BYTES {
+    Ok(())
+}
+
+/// The error of message custom data over the size limit.
+pub fn check_custom(custom: &Custom) -> R<()> {
+    if serde_json::to_vec(custom).map(|v| v.len()).unwrap_or(0) > offshoot_core::fork::MAX_CUSTOM_BYTES {
         return Err(Error::input(format!("message custom data is larger than {} bytes", offshoot_core::fork::MAX_CUSTOM_BYTES)));
     }
-    let created_at = ts_opt(o, "created_at")?;
-    if created_at.is_some() && !server_side {
-        return Err(Error::not_allowed("only server-side requests can set created_at"));
+    Ok(())
+}
+
+impl MessageInput {
+    /// The message to store. `max_text` is the channel type's `max_message_length`.
+    pub fn into_new(self, server_side: bool, max_text: i64) -> R<NewMessage> {
+        let text = self.text.unwrap_or_default();
+        check_length(&text, max_text)?;
+        let id = match self.id {
+            Some(id) if !id.is_empty() => ids::parse_message_id(&id)?,
+            _ => String::new(),
+        };
+        let kind = self.kind.unwrap_or_else(|| "regular".into());
+        if !matches!(kind.as_str(), "regular" | "system" | "ephemeral" | "error") {
+            return Err(Error::input(format!("message type {kind:?} cannot be sent: use regular, system, ephemeral or error"))
+                .field("field", "message.type"));
+        }
+        if kind != "regular" && !server_side {
+            return Err(Error::not_allowed(format!("only server-side requests can send {kind} messages")));
+        }
+        let attachments: Vec<Value> = self.attachments.unwrap_or_default().into_iter().map(Value::Object).collect();
+        check_attachments(attachments.len())?;
+        let custom = self.custom.into_custom();
+        check_custom(&custom)?;
+        if self.created_at.is_some() && !server_side {
+            return Err(Error::not_allowed("only server-side requests can set created_at"));
+        }
+        let parent_id = self.parent_id.filter(|p| !p.is_empty());
+        Ok(NewMessage {
+            id,
+            user_id: String::new(),
+            kind,
+            html: self.html.filter(|h| !h.is_empty() && server_side).unwrap_or_else(|| html_of(&text)),
+            text,
+            mml: self.mml,
+            command: self.command,
+            show_in_channel: parent_id.is_some() && self.show_in_channel.unwrap_or(false),
+            parent_id,
+            quoted_message_id: self.quoted_message_id.filter(|q| !q.is_empty()),
+            attachments,
+            mentioned_users: mentioned(self.mentioned_users)?,
+            restricted_visibility: self.restricted_visibility.unwrap_or_default(),
+            silent: self.silent.unwrap_or(false),
+            i18n: self.i18n,
+            custom,
+            pinned: self.pinned.unwrap_or(false),
+            pin_expires: self.pin_expires,
+            created_at: self.created_at,
+        })
     }
-    let i18n = obj_opt(o, "i18n")?.cloned();
-    let parent_id = str_opt(o, "parent_id")?.filter(|p| !p.is_empty());
-    Ok(NewMessage {
-        id,
-        user_id: String::new(),
-        kind,
-        html: str_opt(o, "html")?.filter(|h| !h.is_empty() && server_side).unwrap_or_else(|| html_of(&text)),
-        text,
-        mml: str_opt(o, "mml")?,
-        command: str_opt(o, "command")?,
-        show_in_channel: parent_id.is_some() && bool_opt(o, "show_in_channel")?.unwrap_or(false),
-        parent_id,
-        quoted_message_id: str_opt(o, "quoted_message_id")?.filter(|q| !q.is_empty()),
-        attachments,
-        mentioned_users: mentioned(o)?,
-        restricted_visibility: str_list(o, "restricted_visibility")?.unwrap_or_default(),
-        silent: bool_opt(o, "silent")?.unwrap_or(false),
-        i18n,
-        custom,
-        pinned: bool_opt(o, "pinned")?.unwrap_or(false),
-        pin_expires: ts_opt(o, "pin_expires")?,
-        created_at,
-    })
+}
+
+/// A channel's `data`: known fields, read-only ones dropped, the rest custom data.
+#[derive(Debug, Default, Deserialize)]
+pub struct ChannelData {
+    pub created_by_id: Option<String>,
+    pub created_by: Option<UserRef>,
+    pub members: Option<Vec<MemberRef>>,
+    pub team: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    pub frozen: Option<bool>,
+    #[serde(flatten)]
+    _read_only: ChannelReadOnly,
+    #[serde(flatten)]
+    pub custom: Extra,
+}
+
+/// Channel fields the server sets (or Offshoot does not store); a client's copy is dropped.
+#[derive(Debug, Default, Deserialize)]
+#[allow(dead_code)] // named only to keep these keys out of custom data
+struct ChannelReadOnly {
+    #[serde(default)]
+    disabled: IgnoredAny,
+    #[serde(default)]
+    config_overrides: IgnoredAny,
+    #[serde(default)]
+    filter_tags: IgnoredAny,
+    #[serde(default)]
+    invites: IgnoredAny,
+    #[serde(default)]
+    id: IgnoredAny,
+    #[serde(default, rename = "type")]
+    kind: IgnoredAny,
+    #[serde(default)]
+    cid: IgnoredAny,
+    #[serde(default)]
+    created_at: IgnoredAny,
+    #[serde(default)]
+    updated_at: IgnoredAny,
+    #[serde(default)]
+    own_capabilities: IgnoredAny,
+    #[serde(default)]
+    member_count: IgnoredAny,
+    #[serde(default)]
+    auto_translation_enabled: IgnoredAny,
+    #[serde(default)]
+    auto_translation_language: IgnoredAny,
+    #[serde(default)]
+    fork: IgnoredAny,
+    #[serde(default)]
+    truncated_at: IgnoredAny,
+    #[serde(default)]
+    deleted_at: IgnoredAny,
+}
+
+impl ChannelData {
+    /// The creator it names: `created_by_id` or `created_by.id`.
+    pub fn creator(&self) -> Option<&str> {
+        self.created_by_id.as_deref().or(self.created_by.as_ref().and_then(UserRef::id))
+    }
+}
+
+/// `watch` / `presence` and the connection to watch with.
+#[derive(Debug, Default, Deserialize)]
+pub struct WatchInput {
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    pub watch: Option<bool>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    pub presence: Option<bool>,
+    pub connection_id: Option<String>,
+}
+
+impl WatchInput {
+    pub fn asked(&self) -> bool {
+        self.watch.unwrap_or(false) || self.presence.unwrap_or(false)
+    }
+}
+
+/// `?connection_id=` of the channel queries.
+#[derive(Debug, Default, Deserialize)]
+pub struct ConnectionQuery {
+    pub connection_id: Option<String>,
+}
+
+/// A user of `POST /users` and `POST /guest`: known fields, read-only ones dropped, the rest
+/// custom data.
+#[derive(Debug, Deserialize)]
+pub struct UserBody {
+    id: Option<String>,
+    role: Option<String>,
+    name: Option<String>,
+    image: Option<String>,
+    language: Option<String>,
+    teams: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    invisible: Option<bool>,
+    #[serde(flatten)]
+    _read_only: UserReadOnly,
+    #[serde(flatten)]
+    custom: Extra,
+}
+
+impl UserBody {
+    pub fn into_input(self) -> R<offshoot_store::UserInput> {
+        let id = ids::parse_user_id(&required(self.id, "id")?)?;
+        if self.name.as_ref().is_some_and(|n| n.chars().count() > 1000) {
+            return Err(Error::input("user name is longer than 1000 characters"));
+        }
+        Ok(offshoot_store::UserInput {
+            id,
+            role: self.role,
+            name: self.name,
+            image: self.image,
+            language: self.language,
+            teams: self.teams,
+            invisible: self.invisible,
+            custom: self.custom.limited("user")?,
+        })
+    }
+}
+
+/// `users` of `POST /users`: an object keyed by user id (Stream's shape) or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Users {
+    Map(std::collections::BTreeMap<String, UserBody>),
+    List(Vec<UserBody>),
 }

@@ -1,13 +1,14 @@
 //! Server-side endpoints of the job queue: dead-lettered webhook deliveries (list, replay) and
 //! job counts per queue and state.
 
-use crate::ctx::{Body, Ctx};
+use crate::ctx::{ApiQuery, Body, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt};
+use crate::input::{de, ListQuery};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
 use offshoot_core::Error;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 fn require_server_side(ctx: &Ctx) -> Result<(), Error> {
@@ -19,13 +20,9 @@ fn require_server_side(ctx: &Ctx) -> Result<(), Error> {
 }
 
 /// `GET /webhooks/dead_letters?limit=25&offset=0`: newest first.
-pub async fn list_dead_letters(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Value>> {
+pub async fn list_dead_letters(State(st): State<ApiState>, ctx: Ctx, ApiQuery(q): ApiQuery<ListQuery>) -> ApiResult<Json<Value>> {
     require_server_side(&ctx)?;
-    let limit = ctx.q("limit").map(|l| l.parse::<i64>().map_err(|_| Error::input("limit must be a number"))).transpose()?.unwrap_or(25);
-    let offset = ctx.q("offset").map(|l| l.parse::<i64>().map_err(|_| Error::input("offset must be a number"))).transpose()?.unwrap_or(0);
-    if !(1..=1000).contains(&limit) || offset < 0 {
-        return Err(Error::input("limit must be 1..1000 and offset ≥ 0").into());
-    }
+    let (limit, offset) = q.limit_offset(1000)?;
     let d = ctx.dialect;
     let letters = st.jobs.dead_letters(limit, offset).await?;
     let out: Vec<Value> = letters
@@ -43,10 +40,16 @@ pub async fn list_dead_letters(State(st): State<ApiState>, ctx: Ctx) -> ApiResul
 
 /// `POST /webhooks/dead_letters/replay` with `{"ids": [...]}` or `{"all": true}`: queues them
 /// again for a new retry window, with the same `X-Webhook-Id`.
-pub async fn replay_dead_letters(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
+#[derive(Deserialize)]
+pub struct ReplayRequest {
+    ids: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    all: Option<bool>,
+}
+
+pub async fn replay_dead_letters(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<ReplayRequest>) -> ApiResult<Json<Value>> {
     require_server_side(&ctx)?;
-    let ids = input::str_list(&body, "ids")?;
-    let all = bool_opt(&body, "all")?.unwrap_or(false);
+    let (ids, all) = (body.ids, body.all.unwrap_or(false));
     let replayed = match (ids, all) {
         (Some(_), true) => return Err(Error::input("give either ids or all: true, not both").into()),
         (Some(ids), false) if ids.is_empty() || ids.len() > 1000 => return Err(Error::input("ids must hold 1..1000 ids").into()),

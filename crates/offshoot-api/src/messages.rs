@@ -1,9 +1,9 @@
 //! Messages, replies, reactions and threads.
 
-use crate::channels::{self, load, require_read, DEFAULT_REPLY_LIMIT};
-use crate::ctx::{ApiPath, Body, ChannelPath, Ctx};
+use crate::channels::{load, require_read, DEFAULT_REPLY_LIMIT};
+use crate::ctx::{ApiPath, ApiQuery, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
-use crate::input::{self, bool_opt, get, obj_opt, Obj};
+use crate::input::{self, de, present, required, Actor, MessageInput, Obj, PageInput, Patch, UserRef};
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
@@ -11,26 +11,38 @@ use offshoot_core::model::{Audience, Channel, Message, NewMessage, Reaction, Use
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, perm, time, Error};
 use offshoot_store::{Page, PageDir};
-use serde_json::{json, Map, Value};
+use serde::Deserialize;
+use serde_json::{json, Value};
 
-fn max_len(ch: &Channel) -> i64 {
-    ch.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000)
+/// A body that carries a message and may name the acting user beside it.
+#[derive(Deserialize)]
+pub struct MessageRequest {
+    message: Option<MessageInput>,
+    #[serde(flatten)]
+    actor: Actor,
 }
 
 /// `POST /channels/{type}/{id}/message`.
-pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn send_message(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    Body(body): Body<MessageRequest>,
+) -> ApiResult<Json<Value>> {
     let cid = path.cid;
     let ch = load(&st, &cid).await?;
-    let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
+    let msg = present(body.message, "message")?;
     let author = match &ctx.viewer {
         Viewer::Server => {
-            let id = input::actor_id(msg)?
-                .or(input::actor_id(&body)?)
+            let id = msg
+                .actor
+                .id()?
+                .or(body.actor.id()?)
                 .ok_or_else(|| Error::input("a server-side message needs message.user_id (or message.user.id)"))?;
             st.store.get_user(&id).await?.unwrap_or_else(|| User::placeholder(&id, "user"))
         }
         Viewer::User { id, role } => {
-            let on_behalf = input::actor_id(msg)?.filter(|other| other != id);
+            let on_behalf = msg.actor.id()?.filter(|other| other != id);
             if on_behalf.is_some() && role != "admin" {
                 return Err(Error::not_allowed("a user can only send messages as itself").into());
             }
@@ -48,7 +60,7 @@ pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPat
         }
         Viewer::Anonymous { .. } => return Err(Error::not_allowed("anonymous users cannot send messages").into()),
     };
-    let mut new = input::new_message(msg, ctx.viewer.is_admin(), max_len(&ch))?;
+    let mut new = msg.into_new(ctx.viewer.is_admin(), ch.max_message_length())?;
     new.user_id = author.id.clone();
     if matches!(new.kind.as_str(), "ephemeral" | "error") {
         return send_ephemeral(&st, &ctx, &ch, new, author).await;
@@ -123,8 +135,9 @@ fn may_edit(ctx: &Ctx, m: &Message) -> Result<(), Error> {
     }
 }
 
-fn editor(ctx: &Ctx, body: &Obj, m: &Message) -> Result<User, Error> {
-    Ok(input::acting_user(&ctx.viewer, ctx.user.as_ref(), body, false)?
+fn editor(ctx: &Ctx, actor: &Actor, m: &Message) -> Result<User, Error> {
+    Ok(actor
+        .acting(&ctx.viewer, ctx.user.as_ref(), false)?
         .unwrap_or_else(|| m.user.clone().unwrap_or_else(|| User::placeholder(&m.user_id, "user"))))
 }
 
@@ -133,16 +146,16 @@ pub async fn update_message(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
-    Body(body): Body,
+    Body(body): Body<MessageRequest>,
 ) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
-    let Some(msg) = obj_opt(&body, "message")? else { return Err(Error::input("field \"message\" is required").into()) };
+    let msg = present(body.message, "message")?;
     if m.deleted_at.is_some() {
         return Err(Error::input("a deleted message cannot be updated").into());
     }
-    let new = input::new_message(msg, ctx.viewer.is_admin(), max_len(&ch))?;
-    let actor = editor(&ctx, msg, &m)?;
+    let actor = editor(&ctx, &msg.actor, &m)?;
+    let new = msg.into_new(ctx.viewer.is_admin(), ch.max_message_length())?;
     let by = actor.id.clone();
     let updated = st
         .store
@@ -186,12 +199,7 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
         match k.as_str() {
             "text" => {
                 let t = v.as_str().ok_or_else(|| Error::input("set.text must be a string"))?;
-                if t.chars().count() as i64 > max_text {
-                    return Err(Error::new(
-                        offshoot_core::ErrorKind::MessageTooLong,
-                        format!("message text is longer than {max_text} characters"),
-                    ));
-                }
+                input::check_length(t, max_text)?;
                 m.text = t.to_string();
                 m.html = input::html_of(t);
             }
@@ -200,18 +208,15 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
             "mml" => m.mml = v.as_str().map(str::to_string),
             "attachments" => {
                 let a = v.as_array().ok_or_else(|| Error::input("set.attachments must be an array"))?;
-                if a.len() > offshoot_core::fork::MAX_ATTACHMENTS {
-                    return Err(Error::input("a message can have at most 30 attachments"));
-                }
+                input::check_attachments(a.len())?;
                 m.attachments = a.clone();
             }
             "pinned" => set_pinned(m, v.as_bool().ok_or_else(|| Error::input("set.pinned must be a boolean"))?, by),
             "pin_expires" => m.pin_expires = time::parse(v),
             "silent" => m.silent = v.as_bool().unwrap_or(false),
             "mentioned_users" => {
-                let mut o = Map::new();
-                o.insert("mentioned_users".into(), v.clone());
-                m.mentioned_users = input::mentioned(&o)?;
+                let list = Vec::<UserRef>::deserialize(v).map_err(|e| Error::input(format!("set.mentioned_users is not valid: {e}")))?;
+                m.mentioned_users = input::mentioned(Some(list))?;
             }
             "i18n" => m.i18n = v.as_object().cloned(),
             "show_in_channel" => m.show_in_channel = m.parent_id.is_some() && v.as_bool().unwrap_or(false),
@@ -258,10 +263,16 @@ fn apply_partial(m: &mut Message, set: &Obj, unset: &[String], max_text: i64, by
             }
         }
     }
-    if serde_json::to_vec(&m.custom).map(|v| v.len()).unwrap_or(0) > offshoot_core::fork::MAX_CUSTOM_BYTES {
-        return Err(Error::input("message custom data is larger than 5120 bytes"));
-    }
-    Ok(())
+    input::check_custom(&m.custom)
+}
+
+/// `set` / `unset` of a message, and who makes the change.
+#[derive(Deserialize)]
+pub struct PatchMessageRequest {
+    #[serde(flatten)]
+    patch: Patch,
+    #[serde(flatten)]
+    actor: Actor,
 }
 
 /// `PUT /messages/{id}`: partial update.
@@ -269,15 +280,14 @@ pub async fn partial_update_message(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
-    Body(body): Body,
+    Body(body): Body<PatchMessageRequest>,
 ) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
-    let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
-    let unset = input::str_list(&body, "unset")?.unwrap_or_default();
-    let actor = editor(&ctx, &body, &m)?;
+    let actor = editor(&ctx, &body.actor, &m)?;
+    let (set, unset) = body.patch.into_parts();
     let by = actor.id.clone();
-    let max = max_len(&ch);
+    let max = ch.max_message_length();
     let server = ctx.viewer.is_server();
     let updated = st.store.update_message(&id, &actor, |m| apply_partial(m, &set, &unset, max, &by, server)).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
@@ -288,14 +298,13 @@ pub async fn ephemeral_update(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
-    Body(body): Body,
+    Body(body): Body<PatchMessageRequest>,
 ) -> ApiResult<Json<Value>> {
     let (mut m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
-    let set = obj_opt(&body, "set")?.cloned().unwrap_or_default();
-    let unset = input::str_list(&body, "unset")?.unwrap_or_default();
-    let actor = editor(&ctx, &body, &m)?;
-    apply_partial(&mut m, &set, &unset, max_len(&ch), &actor.id, ctx.viewer.is_server())?;
+    let actor = editor(&ctx, &body.actor, &m)?;
+    let (set, unset) = body.patch.into_parts();
+    apply_partial(&mut m, &set, &unset, ch.max_message_length(), &actor.id, ctx.viewer.is_server())?;
     m.updated_at = time::now();
     let ev = offshoot_core::model::Event {
         kind: "message.updated".into(),
@@ -311,15 +320,29 @@ pub async fn ephemeral_update(
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
 }
 
+#[derive(Deserialize)]
+pub struct DeleteMessageQuery {
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    hard: Option<bool>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    delete_for_me: Option<bool>,
+    deleted_by: Option<String>,
+}
+
 /// `DELETE /messages/{id}[?hard=true]`.
-pub async fn delete_message(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
+pub async fn delete_message(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<DeleteMessageQuery>,
+) -> ApiResult<Json<Value>> {
     let (m, _) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
-    if ctx.q_bool("delete_for_me") {
+    if q.delete_for_me.unwrap_or(false) {
         return Err(Error::input("delete_for_me is not supported by this server").into());
     }
-    let hard = ctx.q_bool("hard");
-    let actor = match ctx.q("deleted_by") {
+    let hard = q.hard.unwrap_or(false);
+    let actor = match q.deleted_by.as_deref() {
         Some(by) if ctx.viewer.is_server() => Some(st.store.get_user(by).await?.unwrap_or_else(|| User::placeholder(by, "user"))),
         _ => ctx.user.clone(),
     };
@@ -327,23 +350,24 @@ pub async fn delete_message(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): A
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &deleted)})))
 }
 
-/// Pagination from query parameters (`limit`, `id_lt`, …).
-fn page_from_query(ctx: &Ctx, default_limit: i64) -> Result<Page, Error> {
-    let mut o = Map::new();
-    for k in ["limit", "id_lt", "id_lte", "id_gt", "id_gte", "id_around"] {
-        if let Some(v) = ctx.q(k) {
-            o.insert(k.into(), v.into());
-        }
-    }
-    channels::page_of(Some(&o), default_limit)
+#[derive(Deserialize)]
+pub struct RepliesQuery {
+    #[serde(flatten)]
+    page: PageInput,
+    sort: Option<String>,
 }
 
 /// `GET /messages/{id}/replies`.
-pub async fn get_replies(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
+pub async fn get_replies(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<RepliesQuery>,
+) -> ApiResult<Json<Value>> {
     let (parent, ch) = visible_message(&st, &ctx, &id).await?;
-    let page = page_from_query(&ctx, DEFAULT_REPLY_LIMIT)?;
+    let page = q.page.page(DEFAULT_REPLY_LIMIT)?;
     let mut replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
-    if ctx.q("sort").map(sort_is_descending).transpose()?.unwrap_or(false) {
+    if q.sort.as_deref().map(sort_is_descending).transpose()?.unwrap_or(false) {
         replies.reverse();
     }
     Ok(ctx.ok(json!({"messages": replies.iter().map(|m| render::message(ctx.dialect, m)).collect::<Vec<_>>()})))
@@ -357,7 +381,10 @@ fn sort_is_descending(raw: &str) -> Result<bool, Error> {
     let items: Vec<Value> = match serde_json::from_str::<Value>(raw) {
         Ok(Value::Array(a)) => a,
         Ok(v @ Value::Object(_)) => vec![v],
-        _ => raw.split(',').map(|part| serde_json::from_str(&crate::ctx::decode(part)).map_err(|_| bad())).collect::<Result<_, _>>()?,
+        _ => raw
+            .split(',')
+            .map(|part| serde_json::from_str(&percent_encoding::percent_decode_str(part).decode_utf8_lossy()).map_err(|_| bad()))
+            .collect::<Result<_, _>>()?,
     };
     let mut desc = false;
     for item in &items {
@@ -370,16 +397,59 @@ fn sort_is_descending(raw: &str) -> Result<bool, Error> {
     Ok(desc)
 }
 
+#[derive(Deserialize)]
+pub struct SendReactionRequest {
+    reaction: Option<ReactionInput>,
+    #[serde(default, deserialize_with = "de::opt_bool")]
+    enforce_unique: Option<bool>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
+/// A reaction as sent: its type and score, who reacts, and custom data.
+#[derive(Deserialize)]
+struct ReactionInput {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    score: Option<i64>,
+    #[serde(flatten)]
+    actor: Actor,
+    #[serde(flatten)]
+    _read_only: ReactionReadOnly,
+    #[serde(flatten)]
+    custom: input::Extra,
+}
+
+/// Reaction fields the server sets; a client's copy is dropped.
+#[derive(Default, Deserialize)]
+#[allow(dead_code)] // named only to keep these keys out of custom data
+struct ReactionReadOnly {
+    #[serde(default)]
+    message_id: serde::de::IgnoredAny,
+    #[serde(default)]
+    created_at: serde::de::IgnoredAny,
+    #[serde(default)]
+    updated_at: serde::de::IgnoredAny,
+}
+
 /// `POST /messages/{id}/reaction`.
-pub async fn send_reaction(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>, Body(body): Body) -> ApiResult<Json<Value>> {
+pub async fn send_reaction(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(id): ApiPath<String>,
+    Body(body): Body<SendReactionRequest>,
+) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
-    let Some(r) = obj_opt(&body, "reaction")? else { return Err(Error::input("field \"reaction\" is required").into()) };
-    let kind = input::str_req(r, "type")?;
+    let r = present(body.reaction, "reaction")?;
+    let kind = required(r.kind, "reaction.type")?;
     if kind.len() > 64 {
         return Err(Error::input("reaction type is longer than 64 characters").into());
     }
-    let user = input::acting_user(&ctx.viewer, ctx.user.as_ref(), r, false)?
-        .or(input::acting_user(&ctx.viewer, ctx.user.as_ref(), &body, false)?)
+    let user = r
+        .actor
+        .acting(&ctx.viewer, ctx.user.as_ref(), false)?
+        .or(body.actor.acting(&ctx.viewer, ctx.user.as_ref(), false)?)
         .ok_or_else(|| Error::input("a server-side reaction needs reaction.user_id"))?;
     if !ctx.viewer.is_admin() && !st.store.is_member(&ch.cid, &user.id).await? {
         return Err(Error::not_allowed("only members can react").into());
@@ -388,13 +458,17 @@ pub async fn send_reaction(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): Ap
         message_id: m.id.clone(),
         user_id: user.id.clone(),
         kind,
-        score: input::i64_opt(r, "score")?.unwrap_or(1),
-        custom: input::custom(r, &["type", "score", "user_id", "user", "message_id", "created_at", "updated_at"])?,
+        score: r.score.unwrap_or(1),
+        custom: r.custom.into_custom(),
         ..Default::default()
     };
-    let enforce = bool_opt(&body, "enforce_unique")?.unwrap_or(false);
-    let (m, r) = st.store.add_reaction(&id, &reaction, enforce, &user).await?;
+    let (m, r) = st.store.add_reaction(&id, &reaction, body.enforce_unique.unwrap_or(false), &user).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m), "reaction": render::reaction(ctx.dialect, &r)})))
+}
+
+#[derive(Deserialize)]
+pub struct DeleteReactionQuery {
+    user_id: Option<String>,
 }
 
 /// `DELETE /messages/{id}/reaction/{type}[?user_id=…]`.
@@ -402,14 +476,15 @@ pub async fn delete_reaction(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath((id, kind)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<DeleteReactionQuery>,
 ) -> ApiResult<Json<Value>> {
     visible_message(&st, &ctx, &id).await?;
     let user = match &ctx.viewer {
         Viewer::Server => {
-            let uid = ctx.q("user_id").ok_or_else(|| Error::input("a server-side request must pass user_id"))?;
-            User::placeholder(&ids::parse_user_id(uid)?, "user")
+            let uid = q.user_id.ok_or_else(|| Error::input("a server-side request must pass user_id"))?;
+            User::placeholder(&ids::parse_user_id(&uid)?, "user")
         }
-        _ => input::acting_user(&ctx.viewer, ctx.user.as_ref(), &Map::new(), true)?.expect("client-side users act as themselves"),
+        _ => Actor::default().acting(&ctx.viewer, ctx.user.as_ref(), true)?.expect("client-side users act as themselves"),
     };
     let (m, r) = st.store.remove_reaction(&id, &kind, &user).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m), "reaction": render::reaction(ctx.dialect, &r)})))
@@ -448,37 +523,68 @@ fn thread_state(d: Dialect, parent: &Message, replies: &[Message], ch: &Channel)
     })
 }
 
+#[derive(Deserialize)]
+pub struct QueryThreadsRequest {
+    filter: Option<ThreadFilter>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    limit: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    reply_limit: Option<i64>,
+    #[serde(flatten)]
+    actor: Actor,
+}
+
+#[derive(Deserialize)]
+struct ThreadFilter {
+    channel_cid: Option<CidCondition>,
+}
+
+/// `channel_cid` as a cid, `{"$eq": cid}` or `{"$in": [cids]}`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CidCondition {
+    Cid(String),
+    Operator(Obj),
+}
+
 /// `POST /threads`: `{filter: {channel_cid}, limit, reply_limit, user_id}`.
-pub async fn query_threads(State(st): State<ApiState>, ctx: Ctx, Body(body): Body) -> ApiResult<Json<Value>> {
-    let viewer = match (&ctx.viewer, input::actor_id(&body)?) {
+pub async fn query_threads(State(st): State<ApiState>, ctx: Ctx, Body(body): Body<QueryThreadsRequest>) -> ApiResult<Json<Value>> {
+    let viewer = match (&ctx.viewer, body.actor.id()?) {
         (Viewer::Server, Some(uid)) => Viewer::User { id: uid, role: "user".into() },
         (v, _) => v.clone(),
     };
-    let filter = obj_opt(&body, "filter")?.cloned().unwrap_or_default();
-    let cids: Option<Vec<String>> = match get(&filter, "channel_cid") {
+    let cids: Option<Vec<String>> = match body.filter.and_then(|f| f.channel_cid) {
         None => None,
-        Some(Value::String(s)) => Some(vec![s.clone()]),
-        Some(Value::Object(op)) => match op.get("$eq").or(op.get("$in")) {
+        Some(CidCondition::Cid(s)) => Some(vec![s]),
+        Some(CidCondition::Operator(op)) => match op.get("$eq").or(op.get("$in")) {
             Some(Value::String(s)) => Some(vec![s.clone()]),
             Some(Value::Array(a)) => Some(a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect()),
             _ => return Err(Error::input("filter.channel_cid supports $eq and $in").into()),
         },
-        Some(_) => return Err(Error::input("filter.channel_cid must be a cid or {$eq|$in}").into()),
     };
-    let limit = input::i64_opt(&body, "limit")?.unwrap_or(10);
-    let reply_limit = input::i64_opt(&body, "reply_limit")?.unwrap_or(3);
-    let threads = st.store.query_threads(&viewer, cids.as_deref(), limit, reply_limit).await?;
+    let threads = st.store.query_threads(&viewer, cids.as_deref(), body.limit.unwrap_or(10), body.reply_limit.unwrap_or(3)).await?;
     let out: Vec<Value> = threads.iter().map(|(p, r, ch)| thread_state(ctx.dialect, p, r, ch)).collect();
     Ok(ctx.ok(json!({"threads": out})))
 }
 
+#[derive(Deserialize)]
+pub struct GetThreadQuery {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    reply_limit: Option<i64>,
+}
+
 /// `GET /threads/{message_id}`.
-pub async fn get_thread(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
+pub async fn get_thread(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<GetThreadQuery>,
+) -> ApiResult<Json<Value>> {
     let (parent, ch) = visible_message(&st, &ctx, &id).await?;
     if parent.parent_id.is_some() {
         return Err(Error::input(format!("message {id:?} is a reply, not a thread's parent")).into());
     }
-    let reply_limit = ctx.q("reply_limit").and_then(|l| l.parse().ok()).unwrap_or(10);
-    let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &Page { limit: reply_limit, dir: PageDir::Latest }).await?;
+    let page = Page { limit: q.reply_limit.unwrap_or(10), dir: PageDir::Latest };
+    let replies = st.store.replies(&parent, ch.truncated_at, &ctx.viewer, &page).await?;
     Ok(ctx.ok(json!({"thread": thread_state(ctx.dialect, &parent, &replies, &ch)})))
 }

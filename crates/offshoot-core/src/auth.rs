@@ -37,7 +37,7 @@ pub enum Caller {
     Server,
     /// A user token, or a server token acting as the user the caller named. `user` is the
     /// stored record, `None` when the user does not exist yet.
-    User { id: String, user: Option<User> },
+    User { id: String, user: Option<Box<User>> },
 }
 
 /// What authentication reads: the app's token revocation time and the caller's user record.
@@ -82,5 +82,5 @@ pub async fn authenticate(dir: &impl Directory, app: AppKeys<'_>, creds: Credent
     if user.as_ref().is_some_and(|u| u.banned) {
         return Err(Error::not_allowed(format!("user {user_id:?} is banned")));
     }
-    Ok(Caller::User { id: user_id, user })
+    Ok(Caller::User { id: user_id, user: user.map(Box::new) })
 }

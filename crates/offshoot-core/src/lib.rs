@@ -16,5 +16,6 @@ pub mod query;
 pub mod render;
 pub mod time;
 pub mod token;
+pub mod wire;
 
 pub use error::{Error, ErrorKind};

@@ -38,6 +38,9 @@ impl User {
     }
 }
 
+/// A channel type's `max_message_length` when it sets none (Stream's default).
+pub const DEFAULT_MAX_MESSAGE_LENGTH: i64 = 5000;
+
 /// Configuration of a channel type.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ChannelType {
@@ -120,6 +123,13 @@ pub struct Channel {
     pub message_count: i64,
     pub fork: Option<ForkSummary>,
     pub config: Option<ChannelType>,
+}
+
+impl Channel {
+    /// Its type's `max_message_length`, or the default when the type is not loaded.
+    pub fn max_message_length(&self) -> i64 {
+        self.config.as_ref().map_or(DEFAULT_MAX_MESSAGE_LENGTH, |c| c.max_message_length)
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -4,8 +4,11 @@
 use crate::Hub;
 use offshoot_core::auth::{self, AppKeys, Caller};
 use offshoot_core::model::{Custom, User};
+use offshoot_core::wire::{Extra, UserReadOnly};
 use offshoot_core::{time, Error};
 use offshoot_store::UserInput;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// What a client presents when it connects, from either endpoint.
@@ -19,35 +22,33 @@ pub(crate) struct Credentials {
     pub user_details: Option<Map<String, Value>>,
 }
 
-/// User fields a client may not set about itself, or that are not stored.
-const NOT_CUSTOM: &[&str] = &[
-    "id",
-    "role",
-    "teams",
-    "name",
-    "image",
-    "language",
-    "invisible",
-    "custom",
-    "created_at",
-    "updated_at",
-    "deleted_at",
-    "last_active",
-    "online",
-    "banned",
-    "shadow_banned",
-    "anon",
-    "blocked_user_ids",
-    "total_unread_count",
-    "unread_channels",
-    "unread_count",
-    "unread_threads",
-    "channel_mutes",
-    "mutes",
-    "devices",
-    "teams_role",
-    "revoke_tokens_issued_before",
-];
+/// `user_details` as a client sends them: the fields it may set about itself; the id, role,
+/// teams and the fields the server owns are dropped; every other key is custom data.
+#[derive(Debug, Default, Deserialize)]
+struct UserDetails {
+    name: Option<String>,
+    image: Option<String>,
+    language: Option<String>,
+    invisible: Option<bool>,
+    #[serde(flatten)]
+    _not_settable: NotSettable,
+    #[serde(flatten)]
+    _read_only: UserReadOnly,
+    #[serde(flatten)]
+    custom: Extra,
+}
+
+/// User fields a client may not set about itself on connect.
+#[derive(Debug, Default, Deserialize)]
+#[allow(dead_code)] // named only to keep these keys out of custom data
+struct NotSettable {
+    #[serde(default)]
+    id: IgnoredAny,
+    #[serde(default)]
+    role: IgnoredAny,
+    #[serde(default)]
+    teams: IgnoredAny,
+}
 
 pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, Error> {
     let presented = auth::Credentials {
@@ -65,7 +66,7 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
             Ok(User { created_at: now, updated_at: now, ..User::placeholder(&id, "anonymous") })
         }
         Caller::Server => Err(Error::input("user_id is missing: connect with a user token or name the user")),
-        Caller::User { id, user } => upsert_on_connect(hub, &id, user, creds.user_details.as_ref()).await,
+        Caller::User { id, user } => upsert_on_connect(hub, &id, user.map(|u| *u), creds.user_details.as_ref()).await,
     }
 }
 
@@ -73,26 +74,21 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
 /// upsert endpoint, fields the details leave out keep their stored values, and the role,
 /// teams and ban flags are never taken from the client.
 async fn upsert_on_connect(hub: &Hub, user_id: &str, existing: Option<User>, details: Option<&Map<String, Value>>) -> Result<User, Error> {
-    let empty = Map::new();
-    let details = details.unwrap_or(&empty);
-    let text = |key: &str| details.get(key).and_then(Value::as_str).map(str::to_string);
+    let details = match details {
+        Some(d) => UserDetails::deserialize(Value::Object(d.clone()))
+            .map_err(|e| Error::input(format!("user_details is not valid: {e}")).field("field", "user_details"))?,
+        None => UserDetails::default(),
+    };
     let mut custom: Custom = existing.as_ref().map(|u| u.custom.clone()).unwrap_or_default();
-    for (k, v) in details {
-        if !NOT_CUSTOM.contains(&k.as_str()) {
-            custom.insert(k.clone(), v.clone());
-        }
-    }
-    if let Some(Value::Object(nested)) = details.get("custom") {
-        custom.extend(nested.iter().map(|(k, v)| (k.clone(), v.clone())));
-    }
+    custom.extend(details.custom.into_custom());
     let input = UserInput {
         id: user_id.to_string(),
         role: None,
-        name: text("name").or_else(|| existing.as_ref().and_then(|u| u.name.clone())),
-        image: text("image").or_else(|| existing.as_ref().and_then(|u| u.image.clone())),
-        language: text("language"),
+        name: details.name.or_else(|| existing.as_ref().and_then(|u| u.name.clone())),
+        image: details.image.or_else(|| existing.as_ref().and_then(|u| u.image.clone())),
+        language: details.language,
         teams: None,
-        invisible: details.get("invisible").and_then(Value::as_bool),
+        invisible: details.invisible,
         custom,
     };
     if let Some(u) = &existing {
