@@ -66,3 +66,55 @@ async fn sigterm_drains_and_exits_cleanly_and_the_data_is_there_after_a_restart(
     let r = second.get(&format!("/messages/{id}"), &second.server()).await.ok();
     assert_eq!(r["message"]["text"], json!("before the restart"), "{r}");
 }
+
+/// Runs the binary with `args` to completion; returns (success, stdout, stderr).
+fn run_binary(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(binary_path()).args(args).output().expect("running the offshoot binary");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn every_command_has_its_help_and_the_binary_tells_its_version() {
+    let (ok, out, _) = run_binary(&["--help"]);
+    assert!(ok && out.contains("serve") && out.contains("dead-letters") && out.contains("jobs"), "{out}");
+    let (ok, out, _) = run_binary(&["serve", "--help"]);
+    assert!(
+        ok && out.contains("--listen") && out.contains("--database-url") && out.contains("--roles") && out.contains("--config"),
+        "{out}"
+    );
+    let (ok, out, _) = run_binary(&["dead-letters", "replay", "--help"]);
+    assert!(ok && out.contains("--all"), "{out}");
+    let (ok, out, _) = run_binary(&["--version"]);
+    assert!(ok && out.trim() == format!("offshoot {}", env!("CARGO_PKG_VERSION")), "{out}");
+    let (ok, _, err) = run_binary(&["serve", "--no-such-flag"]);
+    assert!(!ok && err.contains("--no-such-flag"), "an unknown flag is refused and named: {err}");
+}
+
+#[tokio::test]
+async fn a_flag_given_as_flag_equals_value_overrides_the_environment() {
+    let db = TestDb::create().await;
+    let free_port = || std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let (flag_port, env_port) = (free_port(), free_port());
+    let mut child = std::process::Command::new(binary_path())
+        .args(["serve", &format!("--listen=127.0.0.1:{flag_port}")])
+        .env("DATABASE_URL", &db.url)
+        .env("OFFSHOOT_LISTEN", format!("127.0.0.1:{env_port}"))
+        .env("OFFSHOOT_API_KEY", API_KEY)
+        .env("OFFSHOOT_API_SECRET", API_SECRET)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawning the offshoot binary");
+    // Healthy on the flag's port (bounded wait, panics otherwise): the flag won over the
+    // environment, which names another port.
+    let client = Client::new(format!("http://127.0.0.1:{flag_port}"));
+    client
+        .wait_healthy(|| match child.try_wait() {
+            Ok(None) => Ok(()),
+            other => Err(format!("the server ended: {other:?}")),
+        })
+        .await;
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,13 +1,83 @@
-//! The operator's commands besides `serve`: dead-lettered webhook deliveries (list, replay) and
-//! job counts. They read `DATABASE_URL` (and `OFFSHOOT_CONFIG`) like `serve` and work while a
-//! server runs.
+//! The command line (clap): `offshoot serve` and the operator's commands beside it:
+//! dead-lettered webhook deliveries (list, replay) and job counts. Every command reads the
+//! configuration the same way (`--config FILE`, the environment; `serve` adds its flags) and
+//! the operator's commands work while a server runs.
 
-use anyhow::Context;
+use crate::config::{Config, Settings};
+use clap::{Args, Parser, Subcommand};
 use offshoot_store::Store;
+use std::path::PathBuf;
 
-async fn open() -> anyhow::Result<offshoot_worker::Queue> {
-    let file = std::env::var("OFFSHOOT_CONFIG").ok();
-    let config = crate::Config::load(file.as_deref().map(std::path::Path::new))?;
+#[derive(Debug, Parser)]
+#[command(name = "offshoot", version, about = "A Stream Chat compatible chat backend with channel forks")]
+pub struct Cli {
+    /// A config file of KEY=value lines (as offshoot.env.example); the environment and the
+    /// flags override it.
+    #[arg(long, global = true, env = "OFFSHOOT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (the roles api, ws and worker) until SIGINT or SIGTERM.
+    Serve(ServeArgs),
+    /// Webhook deliveries given up on: list them (the default) or queue them again.
+    #[command(args_conflicts_with_subcommands = true)]
+    DeadLetters {
+        #[command(subcommand)]
+        action: Option<DeadLetterAction>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Jobs per queue and state.
+    Jobs,
+}
+
+/// Flags of `serve`; each overrides the config file and the environment.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (OFFSHOOT_LISTEN); port 0 picks a free one.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// sqlite://FILE?mode=rwc or postgres://… (DATABASE_URL).
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Roles this process runs: any of api, ws, worker, or all (OFFSHOOT_ROLES).
+    #[arg(long, value_name = "ROLES")]
+    pub roles: Option<String>,
+}
+
+impl ServeArgs {
+    /// The flags as the configuration's top layer.
+    pub fn settings(&self) -> Settings {
+        Settings { listen: self.listen.clone(), database_url: self.database_url.clone(), roles: self.roles.clone(), ..Settings::default() }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterAction {
+    /// List dead-lettered deliveries, newest first.
+    List(ListArgs),
+    /// Queue deliveries again for a new retry window (same X-Webhook-Id).
+    Replay {
+        /// Every dead-lettered delivery.
+        #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+        all: bool,
+        /// The deliveries to replay.
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// How many to list.
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+}
+
+async fn open(config: &Config) -> anyhow::Result<offshoot_worker::Queue> {
     let store = Store::connect(&config.database_url).await.map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
     offshoot_worker::Queue::connect(store, &config.database_url).await.map_err(|e| anyhow::anyhow!("opening the job queue: {e}"))
 }
@@ -17,15 +87,15 @@ fn rfc3339(ns: i64) -> String {
 }
 
 /// `offshoot dead-letters [list] [--limit N]` and `offshoot dead-letters replay (--all | ID...)`.
-pub async fn dead_letters(args: Vec<String>) -> anyhow::Result<()> {
-    let queue = open().await?;
+pub async fn dead_letters(config: &Config, action: Option<DeadLetterAction>, list: ListArgs) -> anyhow::Result<()> {
+    let queue = open(config).await?;
     let result = async {
-        match args.first().map(String::as_str) {
-            None | Some("list") | Some("--limit") => {
-                let mut limit = 100;
-                if let Some(i) = args.iter().position(|a| a == "--limit") {
-                    limit = args.get(i + 1).context("--limit needs a number")?.parse().context("--limit needs a number")?;
-                }
+        match action {
+            None | Some(DeadLetterAction::List(_)) => {
+                let limit = match action {
+                    Some(DeadLetterAction::List(l)) => l.limit,
+                    _ => list.limit,
+                };
                 let letters = queue.dead_letters(limit, 0).await.map_err(|e| anyhow::anyhow!("{e}"))?;
                 if letters.is_empty() {
                     println!("no dead-lettered webhook deliveries");
@@ -45,20 +115,12 @@ pub async fn dead_letters(args: Vec<String>) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            Some("replay") => {
-                let rest = &args[1..];
-                let n = if rest == ["--all"] {
-                    queue.replay_dead_letters(None).await
-                } else if !rest.is_empty() && rest.iter().all(|a| !a.starts_with('-')) {
-                    queue.replay_dead_letters(Some(rest)).await
-                } else {
-                    anyhow::bail!("usage: offshoot dead-letters replay (--all | ID...)")
-                }
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Some(DeadLetterAction::Replay { all, ids }) => {
+                let n = if all { queue.replay_dead_letters(None).await } else { queue.replay_dead_letters(Some(&ids)).await }
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
                 println!("queued {n} dead-lettered deliveries again");
                 Ok(())
             }
-            Some(other) => anyhow::bail!("unknown dead-letters command {other:?}: use list or replay"),
         }
     }
     .await;
@@ -68,8 +130,8 @@ pub async fn dead_letters(args: Vec<String>) -> anyhow::Result<()> {
 }
 
 /// `offshoot jobs`: jobs per queue and state.
-pub async fn jobs() -> anyhow::Result<()> {
-    let queue = open().await?;
+pub async fn jobs(config: &Config) -> anyhow::Result<()> {
+    let queue = open(config).await?;
     let counts = queue.counts().await.map_err(|e| anyhow::anyhow!("{e}"));
     queue.close().await;
     queue.store.close().await;

@@ -1,23 +1,11 @@
-//! `offshoot serve`: reads the configuration, sets up tracing and runs the server until
-//! SIGINT or SIGTERM.
+//! `offshoot`: parses the command line, reads the configuration, sets up tracing and runs the
+//! command; `serve` runs the server until SIGINT or SIGTERM.
 
 use anyhow::Context;
+use clap::Parser;
+use offshoot::cli::{Cli, Command};
+use offshoot::Config;
 use tokio_util::sync::CancellationToken;
-
-fn usage() -> ! {
-    eprintln!(
-        "usage: offshoot serve [--config FILE] [--listen ADDR] [--database-url URL] [--roles api,ws,worker]\n\
-         \x20      offshoot dead-letters [list] [--limit N]      webhook deliveries given up on\n\
-         \x20      offshoot dead-letters replay (--all | ID...)  queue them again (same X-Webhook-Id)\n\
-         \x20      offshoot jobs                                 jobs per queue and state\n\n\
-         Environment: OFFSHOOT_LISTEN (default 127.0.0.1:3000), DATABASE_URL (default sqlite://offshoot.db?mode=rwc),\n\
-         OFFSHOOT_API_KEY / OFFSHOOT_API_SECRET (generated and stored on first start when unset), OFFSHOOT_ROLES,\n\
-         OFFSHOOT_BACKFILL_PAGE_SIZE, OFFSHOOT_BACKFILL_PAGE_DELAY_MS, RUST_LOG, OFFSHOOT_LOG_FORMAT (text|json),\n\
-         OFFSHOOT_METRICS_LISTEN (main|off|ADDR), OFFSHOOT_REQUEST_TIMEOUT_MS, OFFSHOOT_MAX_BODY_BYTES, OFFSHOOT_MAX_WS_CONNECTIONS.\n\
-         --config FILE (or OFFSHOOT_CONFIG): the same keys as KEY=value lines; the environment wins."
-    );
-    std::process::exit(2)
-}
 
 /// Log lines on stdout: text, or one JSON object per line (`OFFSHOOT_LOG_FORMAT=json`) with
 /// the fields of every enclosing span, so each line of a request carries its `request_id`.
@@ -32,29 +20,16 @@ fn init_tracing(format: offshoot::LogFormat) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("serve") => {}
-        Some("dead-letters") => return offshoot::cli::dead_letters(args.collect()).await,
-        Some("jobs") => return offshoot::cli::jobs().await,
-        _ => usage(),
-    }
-    let rest: Vec<String> = args.collect();
-    // The config file comes first: flags override it and the environment.
-    let file =
-        rest.iter().position(|a| a == "--config").and_then(|i| rest.get(i + 1)).cloned().or_else(|| std::env::var("OFFSHOOT_CONFIG").ok());
-    let mut config = offshoot::Config::load(file.as_deref().map(std::path::Path::new))?;
-    let mut args = rest.into_iter();
-    while let Some(flag) = args.next() {
-        let value = args.next().unwrap_or_else(|| usage());
-        match flag.as_str() {
-            "--config" => {}
-            "--listen" => config.listen = value,
-            "--database-url" => config.database_url = value,
-            "--roles" => config.roles = offshoot::Roles::parse(&value)?,
-            _ => usage(),
+    let cli = Cli::parse();
+    let file = cli.config.as_deref();
+    let serve = match cli.command {
+        Command::Serve(args) => args,
+        Command::DeadLetters { action, list } => {
+            return offshoot::cli::dead_letters(&Config::load(file, Default::default())?, action, list).await
         }
-    }
+        Command::Jobs => return offshoot::cli::jobs(&Config::load(file, Default::default())?).await,
+    };
+    let config = Config::load(file, serve.settings())?;
     init_tracing(config.log_format);
     let listener = tokio::net::TcpListener::bind(&config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let shutdown = CancellationToken::new();
