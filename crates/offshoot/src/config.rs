@@ -364,6 +364,8 @@ fn read_env_file(path: &Path) -> anyhow::Result<std::collections::BTreeMap<Strin
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment's own (large) error type.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
     use figment::Jail;
