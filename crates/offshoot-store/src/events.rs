@@ -88,58 +88,11 @@ impl Store {
         get_i64(&row, "seq")
     }
 
-    /// Moves a cursor forward and queues webhook deliveries for the events passed over, in
-    /// one transaction: a crash in between neither loses nor repeats a delivery.
-    pub async fn advance_cursor(&self, name: &str, seq: i64, deliveries: &[(i64, String)]) -> Result<()> {
-        let mut tx = self.begin().await?;
-        let now = time::now();
-        sqlx::query("UPDATE outbox_cursor SET seq = $1, updated_at = $2 WHERE name = $3 AND seq < $1")
-            .bind(seq)
-            .bind(now)
-            .bind(name.to_string())
-            .execute(&mut *tx.tx)
-            .await?;
-        queue_deliveries(&mut tx, deliveries, now).await?;
-        tx.commit(self).await
-    }
-
-    /// Deliveries due now: (delivery id, event, url, attempts so far).
-    pub async fn due_deliveries(&self, limit: i64) -> Result<Vec<(String, OutboxEvent, String, i64)>> {
-        let rows: Vec<AnyRow> = sqlx::query(
-            "SELECT d.id, d.url, d.attempt, e.seq, e.payload, e.audience FROM webhook_delivery d JOIN event e ON e.seq = d.seq WHERE d.next_attempt_at <= $1 ORDER BY d.seq LIMIT $2",
-        )
-        .bind(time::now())
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter().map(|r| Ok((get_str(r, "id")?, outbox_event(r)?, get_str(r, "url")?, get_i64(r, "attempt")?))).collect()
-    }
-
-    /// Records the outcome of a delivery attempt: done (removed) or retried at `retry_at`.
-    #[tracing::instrument(name = "store.finish_delivery", skip(self))]
-    pub async fn finish_delivery(&self, id: &str, retry_at: Option<i64>) -> Result<()> {
-        let mut tx = self.begin().await?;
-        match retry_at {
-            None => {
-                sqlx::query("DELETE FROM webhook_delivery WHERE id = $1").bind(id.to_string()).execute(&mut *tx.tx).await?;
-            }
-            Some(at) => {
-                sqlx::query("UPDATE webhook_delivery SET attempt = attempt + 1, next_attempt_at = $1, updated_at = $2 WHERE id = $3")
-                    .bind(at)
-                    .bind(time::now())
-                    .bind(id.to_string())
-                    .execute(&mut *tx.tx)
-                    .await?;
-            }
-        }
-        tx.commit(self).await
-    }
-
-    /// Like [`Store::advance_cursor`], but only if the cursor is still at `from`
-    /// (compare-and-set). False when another consumer moved it first; then nothing is queued,
-    /// so two worker processes never queue the same events twice.
-    #[tracing::instrument(name = "store.queue_deliveries", skip(self, deliveries), fields(deliveries = deliveries.len()))]
-    pub async fn advance_cursor_from(&self, name: &str, from: i64, to: i64, deliveries: &[(i64, String)]) -> Result<bool> {
+    /// Moves a consumer's cursor from `from` to `to` if it is still at `from`
+    /// (compare-and-set). False when another consumer moved it first, so two worker processes
+    /// never pass over the same events twice.
+    #[tracing::instrument(name = "store.advance_cursor_from", skip(self))]
+    pub async fn advance_cursor_from(&self, name: &str, from: i64, to: i64) -> Result<bool> {
         let mut tx = self.begin().await?;
         let now = time::now();
         let res = sqlx::query("UPDATE outbox_cursor SET seq = $1, updated_at = $2 WHERE name = $3 AND seq = $4")
@@ -152,30 +105,8 @@ impl Store {
         if res.rows_affected() == 0 {
             return Ok(false);
         }
-        queue_deliveries(&mut tx, deliveries, now).await?;
         tx.commit(self).await?;
         Ok(true)
-    }
-
-    /// Leases a due delivery until `lease_until` (Unix ns) so no other worker picks it up
-    /// while it is in flight. False when it is no longer due with `attempts` attempts (another
-    /// worker holds it, or it was finished). A worker that dies mid-attempt loses the lease
-    /// when it expires, and the attempt is made again.
-    #[tracing::instrument(name = "store.claim_delivery", skip(self))]
-    pub async fn claim_delivery(&self, id: &str, attempts: i64, lease_until: i64) -> Result<bool> {
-        let mut tx = self.begin().await?;
-        let now = time::now();
-        let res = sqlx::query(
-            "UPDATE webhook_delivery SET next_attempt_at = $1, updated_at = $2 WHERE id = $3 AND attempt = $4 AND next_attempt_at <= $2",
-        )
-        .bind(lease_until)
-        .bind(now)
-        .bind(id.to_string())
-        .bind(attempts)
-        .execute(&mut *tx.tx)
-        .await?;
-        tx.commit(self).await?;
-        Ok(res.rows_affected() == 1)
     }
 }
 
@@ -194,19 +125,17 @@ impl Store {
 }
 
 impl Store {
-    /// Deletes outbox events created before `before` that every consumer cursor has passed and
-    /// no webhook delivery still needs (with no cursor at all, as in a deployment without a
-    /// worker, age alone decides: a consumer created later starts at the end). Returns how many
-    /// were deleted.
+    /// Deletes outbox events created before `before` that every consumer cursor has passed
+    /// (with no cursor at all, as in a deployment without a worker, age alone decides: a
+    /// consumer created later starts at the end). Webhook deliveries carry their body in the
+    /// job queue, so they need no event row. Returns how many were deleted.
     pub async fn prune_events(&self, before: i64) -> Result<u64> {
         let mut tx = self.begin().await?;
-        let res = sqlx::query(
-            "DELETE FROM event WHERE created_at < $1 AND seq <= COALESCE((SELECT MIN(seq) FROM outbox_cursor), event.seq) \
-             AND NOT EXISTS (SELECT 1 FROM webhook_delivery d WHERE d.seq = event.seq)",
-        )
-        .bind(before)
-        .execute(&mut *tx.tx)
-        .await?;
+        let res =
+            sqlx::query("DELETE FROM event WHERE created_at < $1 AND seq <= COALESCE((SELECT MIN(seq) FROM outbox_cursor), event.seq)")
+                .bind(before)
+                .execute(&mut *tx.tx)
+                .await?;
         tx.commit(self).await?;
         Ok(res.rows_affected())
     }
@@ -240,20 +169,6 @@ async fn record_ai_state(tx: &mut Tx, event: &Event) -> Result<()> {
             sqlx::query("DELETE FROM ai_state WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
         }
         _ => {}
-    }
-    Ok(())
-}
-
-/// Queues one webhook delivery per (event seq, url), due now.
-async fn queue_deliveries(tx: &mut Tx, deliveries: &[(i64, String)], now: i64) -> Result<()> {
-    for (event_seq, url) in deliveries {
-        sqlx::query("INSERT INTO webhook_delivery (id, seq, url, attempt, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, 0, $4, $4, $4)")
-            .bind(uuid::Uuid::new_v4().to_string())
-            .bind(*event_seq)
-            .bind(url.clone())
-            .bind(now)
-            .execute(&mut *tx.tx)
-            .await?;
     }
     Ok(())
 }

@@ -588,7 +588,6 @@ impl Store {
             sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1").bind(fork_cid.clone()).execute(&mut *tx.tx).await?;
         }
         let channel = reload(&mut tx, &fork_cid).await?;
-        tx.started_fork = !finished;
         tx.commit(self).await?;
         let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
         Ok(ForkOutcome { fork, channel, message_id_map: map, created: true })

@@ -210,8 +210,6 @@ pub struct Store {
     write_lock: Option<Arc<Mutex<()>>>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
-    /// Woken when a fork starts backfilling.
-    forks: Arc<Notify>,
     url: Arc<str>,
 }
 
@@ -222,7 +220,6 @@ pub(crate) struct Tx {
     pub(crate) tx: Transaction<'static, Any>,
     backend: Backend,
     events: Vec<(offshoot_core::model::Event, offshoot_core::model::Audience)>,
-    pub(crate) started_fork: bool,
     _guard: Option<OwnedMutexGuard<()>>,
 }
 
@@ -237,27 +234,18 @@ impl Tx {
     }
 
     pub(crate) async fn commit(self, store: &Store) -> Result<()> {
-        let forked = self.started_fork;
         let Tx { mut tx, backend, events, .. } = self;
         let wrote = !events.is_empty();
         if wrote {
             events::append(&mut tx, backend, events).await?;
         }
-        if backend == Backend::Postgres {
+        if backend == Backend::Postgres && wrote {
             // NOTIFY is transactional: other processes hear it when this commits.
-            if wrote {
-                sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
-            }
-            if forked {
-                sqlx::query("SELECT pg_notify('offshoot_forks', '')").execute(&mut *tx).await?;
-            }
+            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
         }
         tx.commit().await?;
         if wrote {
             store.events.notify_waiters();
-        }
-        if forked {
-            store.forks.notify_one();
         }
         Ok(())
     }
@@ -326,7 +314,6 @@ impl Store {
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
             events: Arc::new(Notify::new()),
-            forks: Arc::new(Notify::new()),
             url: url.into(),
         })
     }
@@ -345,13 +332,8 @@ impl Store {
         self.events.clone()
     }
 
-    /// Notified when a fork starts backfilling (here, or in another process on PostgreSQL).
-    pub fn fork_notify(&self) -> Arc<Notify> {
-        self.forks.clone()
-    }
-
-    /// On PostgreSQL, relays `LISTEN offshoot_events` / `offshoot_forks` from other processes
-    /// to [`Store::event_notify`] and [`Store::fork_notify`] until `shutdown`. Consumers still
+    /// On PostgreSQL, relays `LISTEN offshoot_events` from other processes to
+    /// [`Store::event_notify`] until `shutdown`. Consumers still
     /// poll, so a lost notification only delays, never loses, work. No-op on SQLite.
     pub async fn relay_notifications(&self, shutdown: impl std::future::Future<Output = ()>) {
         if self.backend != Backend::Postgres {
@@ -361,15 +343,11 @@ impl Store {
             loop {
                 match sqlx::postgres::PgListener::connect(&self.url).await {
                     Ok(mut l) => {
-                        if let Err(e) = l.listen_all(["offshoot_events", "offshoot_forks"]).await {
+                        if let Err(e) = l.listen("offshoot_events").await {
                             tracing::warn!(error = %e, "LISTEN failed");
                         } else {
-                            while let Ok(n) = l.recv().await {
-                                if n.channel() == "offshoot_forks" {
-                                    self.forks.notify_one();
-                                } else {
-                                    self.events.notify_waiters();
-                                }
+                            while l.recv().await.is_ok() {
+                                self.events.notify_waiters();
                             }
                         }
                     }
@@ -393,7 +371,7 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         };
-        Ok(Tx { tx, backend: self.backend, events: Vec::new(), started_fork: false, _guard: guard })
+        Ok(Tx { tx, backend: self.backend, events: Vec::new(), _guard: guard })
     }
 
     /// Runs a write transaction, again (after a short random pause) when it lost to a

@@ -28,10 +28,6 @@ pub struct OpsSnapshot {
     pub backfilling_forks: i64,
     /// Age in seconds of the oldest backfilling fork (0 when none).
     pub backfill_lag_seconds: f64,
-    /// Webhook deliveries due now (not leased, not waiting for a retry).
-    pub webhook_due: i64,
-    /// Webhook deliveries in flight (leased) or waiting for their next attempt.
-    pub webhook_waiting: i64,
     /// Newest outbox sequence minus each consumer's cursor.
     pub outbox_lag: Vec<(String, i64)>,
     /// Connections of the pool: (in use, idle).
@@ -50,14 +46,6 @@ impl Store {
         let backfilling_forks = get_i64(&row, "n")?;
         let oldest = get_i64(&row, "oldest")?;
         let backfill_lag_seconds = if backfilling_forks > 0 { (now - oldest).max(0) as f64 / 1e9 } else { 0.0 };
-        let row: AnyRow = sqlx::query(
-            "SELECT COALESCE(SUM(CASE WHEN next_attempt_at <= $1 THEN 1 ELSE 0 END), 0) AS due, \
-             COALESCE(SUM(CASE WHEN next_attempt_at > $1 THEN 1 ELSE 0 END), 0) AS waiting FROM webhook_delivery",
-        )
-        .bind(now)
-        .fetch_one(self.pool())
-        .await?;
-        let (webhook_due, webhook_waiting) = (get_i64(&row, "due")?, get_i64(&row, "waiting")?);
         let newest = self.last_event_seq().await?;
         let rows: Vec<AnyRow> = sqlx::query("SELECT name, seq FROM outbox_cursor ORDER BY name").fetch_all(self.pool()).await?;
         let mut outbox_lag = Vec::with_capacity(rows.len() + 1);
@@ -69,15 +57,7 @@ impl Store {
         }
         let size = self.pool().size();
         let idle = u32::try_from(self.pool().num_idle()).unwrap_or(u32::MAX);
-        Ok(OpsSnapshot {
-            backfilling_forks,
-            backfill_lag_seconds,
-            webhook_due,
-            webhook_waiting,
-            outbox_lag,
-            pool_in_use: size.saturating_sub(idle),
-            pool_idle: idle,
-        })
+        Ok(OpsSnapshot { backfilling_forks, backfill_lag_seconds, outbox_lag, pool_in_use: size.saturating_sub(idle), pool_idle: idle })
     }
 }
 
