@@ -1,14 +1,13 @@
 //! Channels and members.
 
-use crate::messages::{bind_all, insert_new_message, lock_channel, Bind};
+use crate::messages::{arguments, insert_new_message, lock_channel, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
-use crate::rows::{self, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
+use crate::rows::{self, ChannelRow, ChannelTypeRow, ForkSummaryRow, MemberRow, CHANNEL_COLS, CHANNEL_TYPE_COLS, FORK_COLS, MEMBER_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
+use offshoot_core::model::{Audience, Channel, ChannelType, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
-use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
 
 #[derive(Debug, Clone, Default)]
@@ -43,7 +42,7 @@ pub struct ChannelUpdate {
 }
 
 /// A user's unread counters, as `me` carries them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct UnreadCounts {
     /// Unread messages over all the user's channels (`total_unread_count`, `unread_count`).
     pub total: i64,
@@ -52,12 +51,20 @@ pub struct UnreadCounts {
 }
 
 /// One member's read state of a channel.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ReadState {
     pub user_id: String,
     pub last_read: i64,
     pub last_read_message_id: Option<String>,
     pub unread_messages: i64,
+}
+
+/// A member's stored read mark of a channel.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReadMark {
+    pub user_id: String,
+    pub last_read: i64,
+    pub last_read_message_id: Option<String>,
 }
 
 /// Query Channels: every `Some` narrows the result.
@@ -107,7 +114,7 @@ impl Store {
     }
 
     pub async fn is_member(&self, cid: &str, user_id: &str) -> Result<bool> {
-        let row: Option<AnyRow> = sqlx::query("SELECT user_id FROM member WHERE cid = $1 AND user_id = $2")
+        let row: Option<String> = sqlx::query_scalar("SELECT user_id FROM member WHERE cid = $1 AND user_id = $2")
             .bind(cid.to_string())
             .bind(user_id.to_string())
             .fetch_optional(self.pool())
@@ -351,8 +358,8 @@ impl Store {
         let order = channel_order(&mut b, &f.sort);
         sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &b.binds).fetch_all(&mut *conn).await?;
-        let mut channels = rows.iter().map(rows::channel).collect::<Result<Vec<_>>>()?;
+        let rows: Vec<ChannelRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(&mut *conn).await?;
+        let mut channels: Vec<Channel> = rows::all(rows);
         for ch in &mut channels {
             hydrate_channel(&mut conn, ch).await?;
         }
@@ -364,12 +371,12 @@ impl Store {
     /// a fork, for one) is not unread. Unread counts the visible messages of others in the main
     /// list after `last_read`, system messages excepted.
     pub async fn member_read_states(&self, ch: &Channel, limit: i64) -> Result<Vec<ReadState>> {
-        let rows: Vec<AnyRow> = sqlx::query(
+        Ok(sqlx::query_as(
             "SELECT mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
              (SELECT COUNT(*) FROM message m WHERE m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) AND m.created_at > $2 \
               AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
               AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-              AND (m.restricted_visibility = '[]' OR EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = m.id AND mr.user_id = mb.user_id))) AS unread \
+              AND (m.restricted_visibility = '[]' OR EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = m.id AND mr.user_id = mb.user_id))) AS unread_messages \
              FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
              WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $3",
         )
@@ -377,17 +384,7 @@ impl Store {
         .bind(ch.truncated_at.unwrap_or(i64::MIN))
         .bind(limit)
         .fetch_all(self.pool())
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ReadState {
-                    user_id: rows::get_str(r, "user_id")?,
-                    last_read: rows::get_i64(r, "last_read")?,
-                    last_read_message_id: rows::get_opt_str(r, "last_read_message_id")?,
-                    unread_messages: rows::get_i64(r, "unread")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     /// A user's unread messages over every channel they are a member of, and in how many
@@ -398,16 +395,12 @@ impl Store {
         unread_counts_on(&mut conn, user_id).await
     }
 
-    /// Read state of a channel: (user_id, last_read, last_read_message_id).
-    pub async fn read_states(&self, cid: &str) -> Result<Vec<(String, i64, Option<String>)>> {
-        let rows: Vec<AnyRow> =
-            sqlx::query("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
-                .bind(cid.to_string())
-                .fetch_all(self.pool())
-                .await?;
-        rows.iter()
-            .map(|r| Ok((rows::get_str(r, "user_id")?, rows::get_i64(r, "last_read")?, rows::get_opt_str(r, "last_read_message_id")?)))
-            .collect()
+    /// The stored read marks of a channel, by user id.
+    pub async fn read_states(&self, cid: &str) -> Result<Vec<ReadMark>> {
+        Ok(sqlx::query_as("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
+            .bind(cid.to_string())
+            .fetch_all(self.pool())
+            .await?)
     }
 
     pub async fn mark_read(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
@@ -582,7 +575,7 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
 
 /// [`Store::unread_counts`] on a connection (inside a transaction: as it sees its own writes).
 pub(crate) async fn unread_counts_on(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
-    let row: AnyRow = sqlx::query(AssertSqlSafe(format!(
+    Ok(sqlx::query_as(AssertSqlSafe(format!(
         "SELECT COUNT(*) AS total, COUNT(DISTINCT m.cid) AS channels FROM member mb \
          JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL \
          LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
@@ -595,18 +588,16 @@ pub(crate) async fn unread_counts_on(conn: &mut AnyConnection, user_id: &str) ->
     )))
     .bind(user_id.to_string())
     .fetch_one(&mut *conn)
-    .await?;
-    Ok(UnreadCounts { total: rows::get_i64(&row, "total")?, channels: rows::get_i64(&row, "channels")? })
+    .await?)
 }
 
 /// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
 pub(crate) async fn load_channel(conn: &mut AnyConnection, cid: &str) -> Result<Option<Channel>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
+    let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
         .bind(cid.to_string())
         .fetch_optional(&mut *conn)
         .await?;
-    let Some(row) = row else { return Ok(None) };
-    let mut ch = rows::channel(&row)?;
+    let Some(mut ch) = row.map(Channel::from) else { return Ok(None) };
     hydrate_channel(conn, &mut ch).await?;
     Ok(Some(ch))
 }
@@ -615,22 +606,22 @@ pub(crate) async fn hydrate_channel(conn: &mut AnyConnection, ch: &mut Channel) 
     if let Some(id) = &ch.created_by_id {
         ch.created_by = load_users(conn, std::slice::from_ref(id)).await?.remove(id);
     }
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid = $1")))
+    let row: Option<ForkSummaryRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid = $1")))
         .bind(ch.cid.clone())
         .fetch_optional(&mut *conn)
         .await?;
-    ch.fork = row.as_ref().map(rows::fork).transpose()?;
-    let row: Option<AnyRow> =
-        sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
+    ch.fork = row.map(ForkSummary::try_from).transpose()?;
+    let row: Option<ChannelTypeRow> =
+        sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1")))
             .bind(ch.kind.clone())
             .fetch_optional(&mut *conn)
             .await?;
-    ch.config = row.as_ref().map(rows::channel_type).transpose()?;
+    ch.config = row.map(ChannelType::from);
     Ok(())
 }
 
 pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {
-    let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+    let rows: Vec<MemberRow> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT {MEMBER_COLS} FROM member WHERE cid = $1 ORDER BY created_at, user_id LIMIT $2 OFFSET $3"
     )))
     .bind(cid.to_string())
@@ -638,7 +629,7 @@ pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64
     .bind(offset)
     .fetch_all(&mut *conn)
     .await?;
-    let mut members = rows.iter().map(rows::member).collect::<Result<Vec<_>>>()?;
+    let mut members: Vec<Member> = rows::all(rows);
     let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
     let users = load_users(conn, &ids).await?;
     for m in &mut members {

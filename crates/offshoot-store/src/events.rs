@@ -1,11 +1,9 @@
 //! The transactional outbox. Events are written in the transaction of the change they
 //! announce; consumers read them in `seq` order from a cursor of their own.
 
-use crate::rows::{get_i64, get_str};
 use crate::{Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Event, OutboxEvent};
 use offshoot_core::time;
-use sqlx::any::AnyRow;
 
 impl Tx {
     /// Queues an event for the outbox; it is written when this transaction commits.
@@ -35,18 +33,26 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
     Ok(())
 }
 
-/// Decodes an outbox row. A payload that no longer decodes (written by another version) becomes
-/// an event with an empty type and no audience, which every consumer passes over, instead of
-/// an error that would stop the consumer at that `seq` for ever.
-fn outbox_event(r: &AnyRow) -> Result<OutboxEvent> {
-    let seq = get_i64(r, "seq")?;
-    let event = serde_json::from_str(&get_str(r, "payload")?);
-    let audience = serde_json::from_str(&get_str(r, "audience")?);
-    match (event, audience) {
-        (Ok(event), Ok(audience)) => Ok(OutboxEvent { seq, event, audience }),
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(seq, error = %e, "undecodable outbox event; consumers skip it");
-            Ok(OutboxEvent { seq, event: Event::default(), audience: Audience::default() })
+/// An outbox row. Its JSON is decoded leniently (see [`OutboxRow::decode`]), so it is read as text.
+#[derive(sqlx::FromRow)]
+struct OutboxRow {
+    seq: i64,
+    payload: String,
+    audience: String,
+}
+
+impl OutboxRow {
+    /// A payload that no longer decodes (written by another version) becomes an event with an
+    /// empty type and no audience, which every consumer passes over, instead of an error that
+    /// would stop the consumer at that `seq` for ever.
+    fn decode(self) -> OutboxEvent {
+        let seq = self.seq;
+        match (serde_json::from_str(&self.payload), serde_json::from_str(&self.audience)) {
+            (Ok(event), Ok(audience)) => OutboxEvent { seq, event, audience },
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(seq, error = %e, "undecodable outbox event; consumers skip it");
+                OutboxEvent { seq, event: Event::default(), audience: Audience::default() }
+            }
         }
     }
 }
@@ -54,26 +60,25 @@ fn outbox_event(r: &AnyRow) -> Result<OutboxEvent> {
 impl Store {
     /// Events with `seq > after`, oldest first.
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<OutboxEvent>> {
-        let rows: Vec<AnyRow> = sqlx::query("SELECT seq, payload, audience FROM event WHERE seq > $1 ORDER BY seq LIMIT $2")
+        let rows: Vec<OutboxRow> = sqlx::query_as("SELECT seq, payload, audience FROM event WHERE seq > $1 ORDER BY seq LIMIT $2")
             .bind(after)
             .bind(limit)
             .fetch_all(self.pool())
             .await?;
-        rows.iter().map(outbox_event).collect()
+        Ok(rows.into_iter().map(OutboxRow::decode).collect())
     }
 
     /// The newest `seq` in the outbox (0 when empty).
     pub async fn last_event_seq(&self) -> Result<i64> {
-        let row: AnyRow = sqlx::query("SELECT COALESCE(MAX(seq), 0) AS seq FROM event").fetch_one(self.pool()).await?;
-        get_i64(&row, "seq")
+        Ok(sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM event").fetch_one(self.pool()).await?)
     }
 
     /// A consumer's cursor; created at the current end of the outbox on first use.
     pub async fn outbox_cursor(&self, name: &str) -> Result<i64> {
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_optional(self.pool()).await?;
-        if let Some(row) = row {
-            return get_i64(&row, "seq");
+        let seq: Option<i64> =
+            sqlx::query_scalar("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_optional(self.pool()).await?;
+        if let Some(seq) = seq {
+            return Ok(seq);
         }
         let mut tx = self.begin().await?;
         let now = time::now();
@@ -82,10 +87,10 @@ impl Store {
             .bind(now)
             .execute(&mut *tx.tx)
             .await?;
-        let row: AnyRow =
-            sqlx::query("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_one(&mut *tx.tx).await?;
+        let seq: i64 =
+            sqlx::query_scalar("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_one(&mut *tx.tx).await?;
         tx.commit(self).await?;
-        get_i64(&row, "seq")
+        Ok(seq)
     }
 
     /// Moves a consumer's cursor from `from` to `to` if it is still at `from`

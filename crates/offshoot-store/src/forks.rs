@@ -2,15 +2,14 @@
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
 use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
-use crate::messages::{bind_all, ensure_user, load_message, lock_channel, Bind};
-use crate::rows::{self, placeholders, FORK_COLS};
+use crate::messages::{arguments, ensure_user, load_message, lock_channel, Bind};
+use crate::rows::{placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
 use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Task, User};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use serde_json::{json, Map, Value};
-use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
 use std::collections::HashMap;
 
@@ -69,24 +68,45 @@ struct ForkRow {
     first_page_map: Map<String, Value>,
 }
 
+/// The fork table's row as stored: the summary and the backfill's own state.
+#[derive(sqlx::FromRow)]
+struct ForkStateRow {
+    #[sqlx(flatten)]
+    summary: ForkSummaryRow,
+    exclude_attachments: Flag,
+    point_created_at: i64,
+    planned: Flag,
+    boundary_created_at: Option<i64>,
+    boundary_id: Option<String>,
+    cursor_created_at: Option<i64>,
+    cursor_id: Option<String>,
+    first_page_map: Json<Map<String, Value>>,
+}
+
+impl TryFrom<ForkStateRow> for ForkRow {
+    type Error = crate::StoreError;
+
+    fn try_from(r: ForkStateRow) -> Result<ForkRow> {
+        Ok(ForkRow {
+            summary: r.summary.try_into()?,
+            exclude_attachments: r.exclude_attachments.0,
+            point_created_at: r.point_created_at,
+            planned: r.planned.0,
+            boundary: r.boundary_created_at.zip(r.boundary_id),
+            cursor: r.cursor_created_at.zip(r.cursor_id),
+            first_page_map: r.first_page_map.0,
+        })
+    }
+}
+
 async fn load_fork_row(conn: &mut AnyConnection, cid: &str) -> Result<Option<ForkRow>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+    let row: Option<ForkStateRow> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT {FORK_COLS}, f.exclude_attachments, f.point_created_at, f.planned, f.boundary_created_at, f.boundary_id, f.cursor_created_at, f.cursor_id, f.first_page_map FROM fork f WHERE f.cid = $1"
     )))
     .bind(cid.to_string())
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(r) = row else { return Ok(None) };
-    let pair = |a: Option<i64>, b: Option<String>| a.zip(b);
-    Ok(Some(ForkRow {
-        summary: rows::fork(&r)?,
-        exclude_attachments: rows::get_bool(&r, "exclude_attachments")?,
-        point_created_at: rows::get_i64(&r, "point_created_at")?,
-        planned: rows::get_bool(&r, "planned")?,
-        boundary: pair(rows::get_opt_i64(&r, "boundary_created_at")?, rows::get_opt_str(&r, "boundary_id")?),
-        cursor: pair(rows::get_opt_i64(&r, "cursor_created_at")?, rows::get_opt_str(&r, "cursor_id")?),
-        first_page_map: rows::get_json(&r, "first_page_map")?,
-    }))
+    row.map(ForkRow::try_from).transpose()
 }
 
 /// Why a copy could not be made.
@@ -111,24 +131,41 @@ struct CopySource {
 const COPY_SOURCE_COLS: &str =
     "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments, m.reply_count";
 
-fn copy_source(row: &AnyRow) -> Result<CopySource> {
-    let attachments = rows::get_str(row, "attachments")?;
-    Ok(CopySource {
-        id: rows::get_str(row, "id")?,
-        parent_id: rows::get_opt_str(row, "parent_id")?,
-        quoted_message_id: rows::get_opt_str(row, "quoted_message_id")?,
-        created_at: rows::get_i64(row, "created_at")?,
-        text_chars: rows::get_i64(row, "text_chars")?,
-        // Stored custom data is the serialised object itself, so its length is its size.
-        custom_bytes: rows::get_str(row, "custom")?.len(),
-        attachments: if attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&attachments)?.len() },
-        has_replies: rows::get_i64(row, "reply_count")? > 0,
-    })
+/// The columns of [`COPY_SOURCE_COLS`]; custom data and attachments stay text, since only
+/// their sizes are needed.
+#[derive(sqlx::FromRow)]
+struct CopySourceRow {
+    id: String,
+    parent_id: Option<String>,
+    quoted_message_id: Option<String>,
+    created_at: i64,
+    text_chars: i64,
+    custom: String,
+    attachments: String,
+    reply_count: i64,
+}
+
+impl TryFrom<CopySourceRow> for CopySource {
+    type Error = crate::StoreError;
+
+    fn try_from(r: CopySourceRow) -> Result<CopySource> {
+        Ok(CopySource {
+            id: r.id,
+            parent_id: r.parent_id,
+            quoted_message_id: r.quoted_message_id,
+            created_at: r.created_at,
+            text_chars: r.text_chars,
+            // Stored custom data is the serialised object itself, so its length is its size.
+            custom_bytes: r.custom.len(),
+            attachments: if r.attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&r.attachments)?.len() },
+            has_replies: r.reply_count > 0,
+        })
+    }
 }
 
 async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
-    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), binds).fetch_all(&mut *conn).await?;
-    rows.iter().map(copy_source).collect()
+    let rows: Vec<CopySourceRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(&mut *conn).await?;
+    rows.into_iter().map(CopySource::try_from).collect()
 }
 
 /// `n` placeholders starting at `$first`: `?` on SQLite (which resolves `$n` names by a linear
@@ -157,12 +194,12 @@ async fn copy_messages(
     let mut taken: HashMap<String, (String, Option<String>)> = HashMap::new();
     for chunk in copy_ids.chunks(500) {
         let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(backend, 1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let mut q = sqlx::query_as::<_, (String, String, Option<String>)>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *tx.tx).await? {
-            taken.insert(rows::get_str(&row, "id")?, (rows::get_str(&row, "cid")?, rows::get_opt_str(&row, "source_message_id")?));
+        for (id, cid, source_id) in q.fetch_all(&mut *tx.tx).await? {
+            taken.insert(id, (cid, source_id));
         }
     }
     // (source id, copy id, parent copy id, quoted copy id)
@@ -307,12 +344,12 @@ async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
 /// Whether the agent is still writing `message_id` in `cid`: its AI state (kept by
 /// [`Store::publish`] from `ai_indicator.update` / `.clear` / `.stop`) is a generating one.
 async fn still_generating(conn: &mut AnyConnection, cid: &str, message_id: &str) -> Result<bool> {
-    let row: Option<AnyRow> = sqlx::query("SELECT state FROM ai_state WHERE cid = $1 AND message_id = $2")
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM ai_state WHERE cid = $1 AND message_id = $2")
         .bind(cid.to_string())
         .bind(message_id.to_string())
         .fetch_optional(&mut *conn)
         .await?;
-    let state = row.map(|r| rows::get_str(&r, "state")).transpose()?.unwrap_or_default();
+    let state = state.unwrap_or_default();
     Ok(!matches!(state.as_str(), "AI_STATE_ERROR" | "AI_STATE_IDLE" | ""))
 }
 
@@ -430,23 +467,23 @@ impl Store {
                 Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id)),
             );
         }
-        let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
+        let clash: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
             .bind(source.cid.clone())
             .bind(point.created_at)
             .bind(point.id.clone())
             .fetch_one(&mut *tx.tx)
             .await?;
-        if rows::get_i64(&clash, "n")? > 0 {
+        if clash > 0 {
             return domain(Error::new(
                 ErrorKind::ForkPointAmbiguous,
                 format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
             ));
         }
-        let forks: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE source_cid = $1 AND status <> 'failed'")
+        let forks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE source_cid = $1 AND status <> 'failed'")
             .bind(source.cid.clone())
             .fetch_one(&mut *tx.tx)
             .await?;
-        if rows::get_i64(&forks, "n")? >= plan::MAX_FORKS {
+        if forks >= plan::MAX_FORKS {
             return domain(
                 Error::new(
                     ErrorKind::TooManyForks,
@@ -595,9 +632,7 @@ impl Store {
 
     /// Forks still copying, oldest first.
     pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
-        let rows: Vec<AnyRow> =
-            sqlx::query("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?;
-        rows.iter().map(|r| rows::get_str(r, "cid")).collect()
+        Ok(sqlx::query_scalar("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?)
     }
 
     /// Copies the next page of a backfilling fork, in one transaction with its cursor.
@@ -644,15 +679,14 @@ impl Store {
                 "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
                 plan::MAX_COPIED - 1
             );
-            let row: Option<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_optional(&mut *tx.tx).await?;
-            boundary = row.map(|r| Ok::<_, crate::StoreError>((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?))).transpose()?;
+            boundary = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(&mut *tx.tx).await?;
             let truncated = match &boundary {
                 Some(b) => {
                     let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
                     let mut bb = binds.clone();
                     bb.push(Bind::I(b.0));
                     bb.push(Bind::S(b.1.clone()));
-                    bind_all(sqlx::query(AssertSqlSafe(sql)), &bb).fetch_optional(&mut *tx.tx).await?.is_some()
+                    sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(&mut *tx.tx).await?.is_some()
                 }
                 None => false,
             };
@@ -661,9 +695,8 @@ impl Store {
                 Some(_) => plan::MAX_COPIED,
                 None => {
                     let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
-                    let sql = format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}");
-                    let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_one(&mut *tx.tx).await?;
-                    rows::get_i64(&row, "n")?
+                    let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
+                    sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(&mut *tx.tx).await?
                 }
             };
             summary.truncated = truncated;
@@ -746,12 +779,12 @@ impl Store {
                 "SELECT id, source_message_id FROM message WHERE cid = $1 AND source_message_id IN ({})",
                 placeholders(2, chunk.len())
             );
-            let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
+            let mut q = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(sql)).bind(fork_cid.to_string());
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            for row in q.fetch_all(self.pool()).await? {
-                out.insert(rows::get_str(&row, "source_message_id")?, Value::String(rows::get_str(&row, "id")?));
+            for (copy_id, source_id) in q.fetch_all(self.pool()).await? {
+                out.insert(source_id, Value::String(copy_id));
             }
         }
         Ok(out)
@@ -759,7 +792,7 @@ impl Store {
 
     /// Forks of a channel, newest first.
     pub async fn list_forks(&self, source_cid: &str, limit: i64, offset: i64) -> Result<Vec<ForkSummary>> {
-        let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+        let rows: Vec<ForkSummaryRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {FORK_COLS} FROM fork f WHERE f.source_cid = $1 ORDER BY f.created_at DESC, f.cid DESC LIMIT $2 OFFSET $3"
         )))
         .bind(source_cid.to_string())
@@ -767,15 +800,14 @@ impl Store {
         .bind(offset)
         .fetch_all(self.pool())
         .await?;
-        rows.iter().map(rows::fork).collect()
+        rows.into_iter().map(ForkSummary::try_from).collect()
     }
 
     /// The task behind a fork's backfill, in Stream's task shape.
     pub async fn task(&self, task_id: &str) -> Result<Option<Task>> {
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
-        let Some(row) = row else { return Ok(None) };
-        let cid = rows::get_str(&row, "cid")?;
+        let cid: Option<String> =
+            sqlx::query_scalar("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
+        let Some(cid) = cid else { return Ok(None) };
         let mut conn = self.pool().acquire().await?;
         let Some(f) = load_fork_row(&mut conn, &cid).await? else { return Ok(None) };
         let s = f.summary;

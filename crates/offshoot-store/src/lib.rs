@@ -2,11 +2,22 @@
 //! scale-out backend), chosen from the database URL at start-up, with the migrations of each
 //! and the transactional event outbox.
 //!
-//! Both backends share one implementation: the schema is the same on both sides (text, bigint
-//! and boolean columns only), so every statement is written once with `$n` placeholders, which
-//! both drivers accept. The few places where the engines differ (row locks, outbox ordering,
-//! write serialisation on SQLite) branch on [`Backend`]. Two copies of every query would drift;
-//! the conformance suite (`tests/conformance.rs`) runs every method on both backends.
+//! Both backends share one implementation: the two migration folders build the same tables,
+//! columns, nullability, primary keys and indexes, with text, bigint and flag columns only, so
+//! every statement is written once with `$n` placeholders, which both drivers accept. The few
+//! places where the engines differ (row locks, outbox ordering, write serialisation on SQLite)
+//! branch on [`Backend`]. Two copies of every query would drift; the conformance suite
+//! (`tests/conformance.rs`) runs every method on both backends, and its `schema` test compares
+//! the schemas the two folders build.
+//!
+//! **Where the schemas differ, and why.** Flags are `BOOLEAN` on PostgreSQL and `INTEGER` 0/1
+//! on SQLite: sqlx's `Any` driver maps a SQLite column by its declared type and has no mapping
+//! for a declared `BOOLEAN` (every read of such a column fails), so SQLite keeps `INTEGER`
+//! and one decoder (`rows::Flag`) reads both. The outbox's `seq` is `BIGSERIAL` on PostgreSQL
+//! and `INTEGER PRIMARY KEY AUTOINCREMENT` on SQLite (its auto-increment form). JSON is text on
+//! both (`Any` has no JSON type) and is decoded by `rows::Json`. Rows decode into named
+//! `sqlx::FromRow` structs (`rows.rs`) through `Any`, which knows booleans, integers, floats,
+//! text and blobs only.
 //!
 //! # Concurrent writers
 //!
@@ -50,15 +61,16 @@ mod query;
 mod rows;
 mod users;
 
-pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState, UnreadCounts};
+pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMark, ReadState, UnreadCounts};
 pub use deliveries::DeadLetterRecord;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
 pub use users::{UserInput, UserPatch};
 
+use offshoot_core::model::AppSettings;
 use offshoot_core::{Error, ErrorKind};
-use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Executor, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
@@ -410,8 +422,8 @@ impl Store {
     /// pair replaces the stored one; with none configured, a pair is generated once.
     pub async fn ensure_app(&self, key: Option<&str>, secret: Option<&str>) -> Result<(String, String, bool)> {
         let mut tx = self.begin().await?;
-        let row: Option<AnyRow> =
-            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT api_key, api_secret FROM app WHERE id = 1{}", tx.for_update())))
+        let row: Option<AppKeys> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT api_key, api_secret FROM app WHERE id = 1{}", tx.for_update())))
                 .fetch_optional(&mut *tx.tx)
                 .await?;
         let now = offshoot_core::time::now();
@@ -425,13 +437,13 @@ impl Store {
                     .await?;
                 (k.to_string(), s.to_string(), false)
             }
-            (Some(row), _, _) => (rows::get_str(&row, "api_key")?, rows::get_str(&row, "api_secret")?, false),
+            (Some(keys), _, _) => (keys.api_key, keys.api_secret, false),
             (None, k, s) => {
                 let generated = k.is_none() || s.is_none();
                 let k = k.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..12].to_string());
                 let s =
                     s.map(str::to_string).unwrap_or_else(|| format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()));
-                let settings = serde_json::to_string(&offshoot_core::model::AppSettings::default())?;
+                let settings = serde_json::to_string(&AppSettings::default())?;
                 // Two processes starting on a new database: the first insert wins.
                 let res = sqlx::query("INSERT INTO app (id, api_key, api_secret, settings, created_at, updated_at) VALUES (1, $1, $2, $3, $4, $4) ON CONFLICT (id) DO NOTHING")
                     .bind(k.clone())
@@ -442,8 +454,8 @@ impl Store {
                     .await?;
                 if res.rows_affected() == 0 {
                     // Another process created the app row first: use its pair.
-                    let row: AnyRow = sqlx::query("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(&mut *tx.tx).await?;
-                    (rows::get_str(&row, "api_key")?, rows::get_str(&row, "api_secret")?, false)
+                    let keys: AppKeys = sqlx::query_as("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(&mut *tx.tx).await?;
+                    (keys.api_key, keys.api_secret, false)
                 } else {
                     (k, s, generated)
                 }
@@ -453,29 +465,25 @@ impl Store {
         Ok(result)
     }
 
-    pub async fn app_settings(&self) -> Result<offshoot_core::model::AppSettings> {
-        let row: Option<AnyRow> = sqlx::query("SELECT settings FROM app WHERE id = 1").fetch_optional(&self.pool).await?;
-        match row {
-            Some(row) => Ok(serde_json::from_str(&rows::get_str(&row, "settings")?)?),
-            None => Ok(Default::default()),
-        }
+    pub async fn app_settings(&self) -> Result<AppSettings> {
+        let settings: Option<rows::Json<AppSettings>> =
+            sqlx::query_scalar("SELECT settings FROM app WHERE id = 1").fetch_optional(&self.pool).await?;
+        Ok(settings.map(|s| s.0).unwrap_or_default())
     }
 
     /// Changes the app settings under the app row's lock, so concurrent `PATCH /app` calls that
     /// change different settings all survive. `change` may run more than once (retries).
-    pub async fn update_app_settings<F>(&self, change: F) -> Result<offshoot_core::model::AppSettings>
+    pub async fn update_app_settings<F>(&self, change: F) -> Result<AppSettings>
     where
-        F: Fn(&mut offshoot_core::model::AppSettings) -> offshoot_core::error::Result<()>,
+        F: Fn(&mut AppSettings) -> offshoot_core::error::Result<()>,
     {
         self.retrying("update_app_settings", || async {
             let mut tx = self.begin().await?;
-            let row: Option<AnyRow> = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
-                .fetch_optional(&mut *tx.tx)
-                .await?;
-            let mut settings: offshoot_core::model::AppSettings = match row {
-                Some(row) => serde_json::from_str(&rows::get_str(&row, "settings")?)?,
-                None => Default::default(),
-            };
+            let stored: Option<rows::Json<AppSettings>> =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
+                    .fetch_optional(&mut *tx.tx)
+                    .await?;
+            let mut settings = stored.map(|s| s.0).unwrap_or_default();
             change(&mut settings)?;
             sqlx::query("UPDATE app SET settings = $1, updated_at = $2 WHERE id = 1")
                 .bind(serde_json::to_string(&settings)?)
@@ -487,6 +495,13 @@ impl Store {
         })
         .await
     }
+}
+
+/// The app's key pair as stored.
+#[derive(sqlx::FromRow)]
+struct AppKeys {
+    api_key: String,
+    api_secret: String,
 }
 
 #[cfg(test)]

@@ -2,13 +2,13 @@
 //! applies.
 
 use crate::channels::{event_for, load_channel, lock_and_load, reload, to_watchers_and_hooks};
-use crate::rows::{self, placeholders, MESSAGE_COLS};
+use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
 use offshoot_core::model::{Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
 use offshoot_core::{ids, time, Error, ErrorKind};
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, AssertSqlSafe};
+use sqlx::any::AnyArguments;
+use sqlx::{AnyConnection, Arguments, AssertSqlSafe};
 use std::collections::{HashMap, HashSet};
 
 /// Message pagination as Stream's `messages` / replies parameters give it.
@@ -43,18 +43,18 @@ pub(crate) enum Bind {
     F(f64),
 }
 
-pub(crate) fn bind_all<'q>(
-    mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    binds: &[Bind],
-) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+/// The arguments of a dynamically built statement, for `sqlx::query_with` and its kin.
+pub(crate) fn arguments(binds: &[Bind]) -> Result<AnyArguments> {
+    let mut args = AnyArguments::default();
     for b in binds {
-        q = match b {
-            Bind::S(s) => q.bind(s.clone()),
-            Bind::I(i) => q.bind(*i),
-            Bind::F(f) => q.bind(*f),
-        };
+        match b {
+            Bind::S(s) => args.add(s.clone()),
+            Bind::I(i) => args.add(*i),
+            Bind::F(f) => args.add(*f),
+        }
+        .map_err(|e| crate::StoreError::Db(sqlx::Error::Encode(e)))?;
     }
-    q
+    Ok(args)
 }
 
 /// The SQL condition (on alias `m`) for messages `viewer` may see in a channel truncated at
@@ -124,8 +124,8 @@ impl Store {
         let mut binds = vec![Bind::S(ch.cid.clone())];
         let vis = visible_to(viewer, ch.truncated_at, &mut binds);
         let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = $1 AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} ORDER BY m.pinned_at DESC LIMIT {limit}");
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
-        let mut msgs = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+        let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(&mut *conn).await?;
+        let mut msgs: Vec<Message> = rows::all(rows);
         hydrate_messages(&mut conn, &mut msgs, viewer, ch.truncated_at).await?;
         Ok(msgs)
     }
@@ -339,16 +339,9 @@ impl Store {
         let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
             return not_found(format!("message with id {message_id:?} does not exist"));
         };
-        let row: Option<AnyRow> = sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
-            .bind(message_id.to_string())
-            .bind(user.id.clone())
-            .bind(kind.to_string())
-            .fetch_optional(&mut *tx.tx)
-            .await?;
-        let Some(row) = row else {
+        let Some(removed) = load_reaction(&mut tx.tx, message_id, &user.id, kind).await? else {
             return not_found(format!("reaction {kind:?} of user {:?} on message {message_id:?} does not exist", user.id));
         };
-        let removed = rows::reaction(&row)?;
         sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
             .bind(message_id.to_string())
             .bind(user.id.clone())
@@ -379,19 +372,13 @@ impl Store {
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
         m = out.pop().expect("one message in, one out");
         let now = time::now();
-        let row: Option<AnyRow> = match known {
-            Some(_) => None,
-            None => sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
-                .bind(message_id.to_string())
-                .bind(user.id.clone())
-                .bind(kind.to_string())
-                .fetch_optional(&mut *tx.tx)
-                .await?,
+        let stored = match known {
+            Some(r) => Some(r),
+            None => load_reaction(&mut tx.tx, message_id, &user.id, kind).await?,
         };
-        let mut r = match (known, row) {
-            (Some(r), _) => r,
-            (None, Some(row)) => rows::reaction(&row)?,
-            (None, None) => Reaction {
+        let mut r = match stored {
+            Some(r) => r,
+            None => Reaction {
                 message_id: message_id.into(),
                 user_id: user.id.clone(),
                 kind: kind.into(),
@@ -585,8 +572,8 @@ impl Store {
             }
         }
         sql.push_str(&format!(" ORDER BY m.created_at DESC, m.id DESC LIMIT {}", limit.clamp(1, 100)));
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
-        let parents = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+        let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(&mut *conn).await?;
+        let parents: Vec<Message> = rows::all(rows);
         let mut out = Vec::new();
         for mut p in parents {
             let Some(ch) = load_channel(&mut conn, &p.cid).await? else { continue };
@@ -624,9 +611,9 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
 /// for message writes is the channel row first (crate doc). `None` when the message does not
 /// exist or a rewind hid it.
 pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
-    let row: Option<AnyRow> = sqlx::query("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
-    let Some(row) = row else { return Ok(None) };
-    let cid = rows::get_str(&row, "cid")?;
+    let cid: Option<String> =
+        sqlx::query_scalar("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
+    let Some(cid) = cid else { return Ok(None) };
     let Some(ch) = lock_and_load(tx, &cid).await? else { return Ok(None) };
     match load_message(&mut tx.tx, id).await? {
         Some((m, false)) if m.cid == cid => Ok(Some((ch, m))),
@@ -635,12 +622,11 @@ pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channe
 }
 
 pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Channel) -> Result<Option<String>> {
-    let row: Option<AnyRow> = sqlx::query("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
+    Ok(sqlx::query_scalar("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
         .bind(ch.cid.clone())
         .bind(ch.truncated_at.unwrap_or(i64::MIN))
         .fetch_optional(&mut *conn)
-        .await?;
-    row.map(|r| rows::get_str(&r, "id")).transpose()
+        .await?)
 }
 
 /// Creates the user on first sight (server-side calls may name users they never upserted).
@@ -823,11 +809,23 @@ pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyCon
 
 /// A stored message and whether a rewind hid it.
 pub(crate) async fn load_message(conn: &mut AnyConnection, id: &str) -> Result<Option<(Message, bool)>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id = $1")))
+    let row: Option<MessageRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id = $1")))
         .bind(id.to_string())
         .fetch_optional(&mut *conn)
         .await?;
-    row.map(|r| Ok((rows::message(&r)?, rows::get_opt_i64(&r, "hidden_at")?.is_some()))).transpose()
+    Ok(row.map(MessageRow::with_hidden))
+}
+
+/// One user's reaction of one type on a message.
+async fn load_reaction(conn: &mut AnyConnection, message_id: &str, user_id: &str, kind: &str) -> Result<Option<Reaction>> {
+    let row: Option<ReactionRow> =
+        sqlx::query_as(AssertSqlSafe(format!("SELECT {REACTION_COLS} FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")))
+            .bind(message_id.to_string())
+            .bind(user_id.to_string())
+            .bind(kind.to_string())
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(row.map(Reaction::from))
 }
 
 async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, page: &Page, scope: &str) -> Result<Vec<Message>> {
@@ -837,14 +835,14 @@ async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, pa
     let anchor = match &page.dir {
         PageDir::Latest => None,
         PageDir::Before { id, .. } | PageDir::After { id, .. } | PageDir::Around { id } => {
-            let row: Option<AnyRow> =
-                sqlx::query(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
+            let row: Option<(i64, String)> =
+                sqlx::query_as(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
                     .bind(binds[0].clone_str())
                     .bind(id.clone())
                     .fetch_optional(&mut *conn)
                     .await?;
             match row {
-                Some(r) => Some((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?)),
+                Some(position) => Some(position),
                 None => return Ok(Vec::new()),
             }
         }
@@ -887,8 +885,8 @@ async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool
         "SELECT {MESSAGE_COLS} FROM message m WHERE {base}{cond} ORDER BY m.created_at {d}, m.id {d} LIMIT {lim}",
         d = if desc { "DESC" } else { "ASC" }
     );
-    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
-    let mut msgs = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+    let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(&mut *conn).await?;
+    let mut msgs: Vec<Message> = rows::all(rows);
     if desc {
         msgs.reverse();
     }
@@ -929,13 +927,13 @@ pub(crate) async fn hydrate_messages(
     // Reactions.
     let mut reactions: HashMap<String, Vec<Reaction>> = HashMap::new();
     for chunk in ids.chunks(300) {
-        let sql = format!("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id IN ({}) ORDER BY created_at DESC", placeholders(1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let sql =
+            format!("SELECT {REACTION_COLS} FROM reaction WHERE message_id IN ({}) ORDER BY created_at DESC", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, ReactionRow>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *conn).await? {
-            let r = rows::reaction(&row)?;
+        for r in q.fetch_all(&mut *conn).await?.into_iter().map(Reaction::from) {
             reactions.entry(r.message_id.clone()).or_default().push(r);
         }
     }
@@ -944,12 +942,12 @@ pub(crate) async fn hydrate_messages(
     let mut participants: HashMap<String, Vec<String>> = HashMap::new();
     for chunk in parents.chunks(300) {
         let sql = format!("SELECT parent_id, user_id, MIN(created_at) AS first_at FROM message WHERE parent_id IN ({}) AND hidden_at IS NULL GROUP BY parent_id, user_id ORDER BY first_at", placeholders(1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *conn).await? {
-            participants.entry(rows::get_str(&row, "parent_id")?).or_default().push(rows::get_str(&row, "user_id")?);
+        for (parent_id, user_id, _) in q.fetch_all(&mut *conn).await? {
+            participants.entry(parent_id).or_default().push(user_id);
         }
     }
     let mut user_ids: HashSet<String> = HashSet::new();

@@ -1,13 +1,12 @@
 //! Users, bans and channel types.
 
-use crate::messages::bind_all;
+use crate::messages::arguments;
 use crate::query::{user_condition, user_order, SqlBuilder};
-use crate::rows::{self, placeholders, USER_COLS};
+use crate::rows::{self, placeholders, ChannelTypeRow, UserRow, CHANNEL_TYPE_COLS, USER_COLS};
 use crate::{not_found, Result, Store};
 use offshoot_core::model::{ChannelType, Custom, User};
 use offshoot_core::query::{Filter, Sort, UserField, UserSortField};
 use offshoot_core::time;
-use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use std::collections::HashMap;
 
@@ -130,11 +129,11 @@ impl Store {
     }
 
     pub async fn get_user(&self, id: &str) -> Result<Option<User>> {
-        let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
+        let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
             .bind(id.to_string())
             .fetch_optional(self.pool())
             .await?;
-        row.as_ref().map(rows::user).transpose()
+        Ok(row.map(User::from))
     }
 
     /// Query Users: the users matching `filter`, in `sort` order (then by id).
@@ -154,8 +153,8 @@ impl Store {
             limit.clamp(0, 100),
             offset.clamp(0, 10_000)
         );
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &b.binds).fetch_all(self.pool()).await?;
-        rows.iter().map(rows::user).collect()
+        let rows: Vec<UserRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(self.pool()).await?;
+        Ok(rows::all(rows))
     }
 
     pub async fn get_users(&self, ids: &[String]) -> Result<HashMap<String, User>> {
@@ -206,20 +205,20 @@ impl Store {
     }
 
     pub async fn channel_type(&self, name: &str) -> Result<Option<ChannelType>> {
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
+        let row: Option<ChannelTypeRow> =
+            sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1")))
                 .bind(name.to_string())
                 .fetch_optional(self.pool())
                 .await?;
-        row.as_ref().map(rows::channel_type).transpose()
+        Ok(row.map(ChannelType::from))
     }
 
     pub async fn channel_types(&self) -> Result<Vec<ChannelType>> {
-        let rows: Vec<AnyRow> =
-            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type ORDER BY name")
+        let rows: Vec<ChannelTypeRow> =
+            sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type ORDER BY name")))
                 .fetch_all(self.pool())
                 .await?;
-        rows.iter().map(rows::channel_type).collect()
+        Ok(rows::all(rows))
     }
 
     /// Creates or updates a channel type.
@@ -230,14 +229,12 @@ impl Store {
     async fn put_channel_type_once(&self, name: &str, max_message_length: Option<i64>, extra: &Custom) -> Result<ChannelType> {
         let mut tx = self.begin().await?;
         let now = time::now();
-        let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!(
-            "SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1{}",
-            tx.for_update()
-        )))
-        .bind(name.to_string())
-        .fetch_optional(&mut *tx.tx)
-        .await?;
-        let ct = match row.as_ref().map(rows::channel_type).transpose()? {
+        let row: Option<ChannelTypeRow> =
+            sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1{}", tx.for_update())))
+                .bind(name.to_string())
+                .fetch_optional(&mut *tx.tx)
+                .await?;
+        let ct = match row.map(ChannelType::from) {
             Some(mut ct) => {
                 if let Some(m) = max_message_length {
                     ct.max_message_length = m;
@@ -303,11 +300,11 @@ async fn insert_user(tx: &mut crate::Tx, user: &User) -> Result<bool> {
 
 /// Reads a user and locks its row until the transaction ends.
 async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
+    let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
         .bind(id.to_string())
         .fetch_optional(&mut *tx.tx)
         .await?;
-    row.as_ref().map(rows::user).transpose()
+    Ok(row.map(User::from))
 }
 
 /// Writes the fields a user update may change. Bans, `created_at` and `last_active` are
@@ -368,12 +365,11 @@ pub(crate) async fn load_users(conn: &mut sqlx::AnyConnection, ids: &[String]) -
     let mut out = HashMap::new();
     for chunk in ids.chunks(500) {
         let sql = format!("SELECT {USER_COLS} FROM app_user WHERE id IN ({})", placeholders(1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let mut q = sqlx::query_as::<_, UserRow>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *conn).await? {
-            let u = rows::user(&row)?;
+        for u in q.fetch_all(&mut *conn).await?.into_iter().map(User::from) {
             out.insert(u.id.clone(), u);
         }
     }

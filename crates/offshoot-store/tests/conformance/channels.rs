@@ -4,7 +4,7 @@ use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member
 use offshoot_core::model::{NewMessage, Viewer};
 use offshoot_core::query::{channel_sort_field, parse_filter, parse_sort, ChannelSortField, Sort};
 use offshoot_core::ErrorKind;
-use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel};
+use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMark};
 use serde_json::{json, Map, Value};
 
 fn custom(v: Value) -> Map<String, Value> {
@@ -207,6 +207,10 @@ async fn a_hard_deleted_channel_loses_its_messages_reactions_members_and_read_st
     .await;
 }
 
+fn mark(user_id: &str, last_read: i64, message_id: Option<&str>) -> ReadMark {
+    ReadMark { user_id: user_id.into(), last_read, last_read_message_id: message_id.map(str::to_string) }
+}
+
 #[tokio::test]
 async fn mark_read_records_the_read_state_per_user() {
     with_store(|ctx| async move {
@@ -215,17 +219,10 @@ async fn mark_read_records_the_read_state_per_user() {
         let m = s.send_message(&ch.cid, &msg("r1", "hi"), &user("amy")).await.expect("send");
         let t1 = s.mark_read(&ch.cid, &user("ben"), None).await.expect("read");
         let t2 = s.mark_read(&ch.cid, &user("amy"), Some(&m.id)).await.expect("read");
-        assert_eq!(
-            s.read_states(&ch.cid).await.expect("states"),
-            vec![("amy".to_string(), t2, Some("r1".to_string())), ("ben".to_string(), t1, None)]
-        );
+        assert_eq!(s.read_states(&ch.cid).await.expect("states"), vec![mark("amy", t2, Some("r1")), mark("ben", t1, None)]);
         let t3 = s.mark_read(&ch.cid, &user("ben"), Some("r1")).await.expect("read again");
         assert!(t3 >= t1);
-        assert_eq!(
-            s.read_states(&ch.cid).await.expect("states")[1],
-            ("ben".to_string(), t3, Some("r1".to_string())),
-            "a second read updates the row"
-        );
+        assert_eq!(s.read_states(&ch.cid).await.expect("states")[1], mark("ben", t3, Some("r1")), "a second read updates the row");
         assert_kind(s.mark_read("agent:none", &user("ben"), None).await, ErrorKind::NotFound);
     })
     .await;
