@@ -1,14 +1,16 @@
 //! Channels and members.
 
+use crate::cache::ConfigCache;
 use crate::messages::{arguments, insert_new_message, lock_channel, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
-use crate::rows::{self, ChannelRow, ChannelTypeRow, ForkSummaryRow, MemberRow, CHANNEL_COLS, CHANNEL_TYPE_COLS, FORK_COLS, MEMBER_COLS};
+use crate::rows::{self, placeholders, ChannelRow, ForkSummaryRow, MemberRow, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, ChannelType, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
 use sqlx::{AnyConnection, AssertSqlSafe};
+use std::collections::HashMap;
 
 #[derive(Debug, Clone, Default)]
 pub struct MemberInput {
@@ -110,14 +112,14 @@ pub(crate) fn to_watchers_and_hooks(cid: &str) -> Audience {
 impl Store {
     pub async fn get_channel(&self, cid: &str) -> Result<Option<Channel>> {
         let mut conn = self.pool().acquire().await?;
-        load_channel(&mut conn, cid).await
+        load_channel(&mut conn, &self.cache, cid).await
     }
 
     pub async fn is_member(&self, cid: &str, user_id: &str) -> Result<bool> {
         let row: Option<String> = sqlx::query_scalar("SELECT user_id FROM member WHERE cid = $1 AND user_id = $2")
             .bind(cid.to_string())
             .bind(user_id.to_string())
-            .fetch_optional(self.pool())
+            .fetch_optional(crate::counted(self.pool()))
             .await?;
         Ok(row.is_some())
     }
@@ -150,9 +152,9 @@ impl Store {
                 .bind(new.created_by_id.clone())
                 .bind(new.team.clone())
                 .bind(old.cid.clone())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
-            sqlx::query("DELETE FROM member WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM member WHERE cid = $1").bind(cid.clone()).execute(crate::counted(&mut *tx.tx)).await?;
         } else if !insert_channel_row(&mut tx, &cid, new, now).await? {
             // Created by a concurrent request since we looked: that one wins, and it has
             // committed (the insert waited for it). Answer with its channel.
@@ -294,13 +296,13 @@ impl Store {
                 "DELETE FROM fork WHERE cid = $1",
                 "DELETE FROM channel WHERE cid = $1",
             ] {
-                sqlx::query(sql).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+                sqlx::query(sql).bind(cid.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
             }
         } else {
             sqlx::query("UPDATE channel SET deleted_at = $1, updated_at = $1 WHERE cid = $2")
                 .bind(now)
                 .bind(cid.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         ch.deleted_at = Some(now);
@@ -358,11 +360,10 @@ impl Store {
         let order = channel_order(&mut b, &f.sort);
         sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
-        let rows: Vec<ChannelRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(&mut *conn).await?;
+        let rows: Vec<ChannelRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(&mut *conn)).await?;
         let mut channels: Vec<Channel> = rows::all(rows);
-        for ch in &mut channels {
-            hydrate_channel(&mut conn, ch).await?;
-        }
+        hydrate_channels(&mut conn, &self.cache, &mut channels).await?;
         Ok(channels)
     }
 
@@ -371,20 +372,12 @@ impl Store {
     /// a fork, for one) is not unread. Unread counts the visible messages of others in the main
     /// list after `last_read`, system messages excepted.
     pub async fn member_read_states(&self, ch: &Channel, limit: i64) -> Result<Vec<ReadState>> {
-        Ok(sqlx::query_as(
-            "SELECT mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
-             (SELECT COUNT(*) FROM message m WHERE m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) AND m.created_at > $2 \
-              AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
-              AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
-              AND (m.restricted_visibility = '[]' OR EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = m.id AND mr.user_id = mb.user_id))) AS unread_messages \
-             FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
-             WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $3",
-        )
-        .bind(ch.cid.clone())
-        .bind(ch.truncated_at.unwrap_or(i64::MIN))
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?)
+        Ok(sqlx::query_as(AssertSqlSafe(read_states_sql("$1", "$2", "$3")))
+            .bind(ch.cid.clone())
+            .bind(ch.truncated_at.unwrap_or(i64::MIN))
+            .bind(limit)
+            .fetch_all(crate::counted(self.pool()))
+            .await?)
     }
 
     /// A user's unread messages over every channel they are a member of, and in how many
@@ -399,7 +392,7 @@ impl Store {
     pub async fn read_states(&self, cid: &str) -> Result<Vec<ReadMark>> {
         Ok(sqlx::query_as("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
             .bind(cid.to_string())
-            .fetch_all(self.pool())
+            .fetch_all(crate::counted(self.pool()))
             .await?)
     }
 
@@ -410,14 +403,14 @@ impl Store {
     /// One upsert of the member's read row; the channel row is only read.
     async fn mark_read_once(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
         let mut tx = self.begin().await?;
-        let Some(ch) = load_channel(&mut tx.tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let Some(ch) = load_channel(&mut tx.tx, &tx.cache, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
         let now = time::now();
         sqlx::query("INSERT INTO channel_read (cid, user_id, last_read, last_read_message_id, created_at, updated_at) VALUES ($1, $2, $3, $4, $3, $3) ON CONFLICT (cid, user_id) DO UPDATE SET last_read = $3, last_read_message_id = $4, updated_at = $3")
             .bind(cid.to_string())
             .bind(user.id.clone())
             .bind(now)
             .bind(message_id.map(str::to_string))
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         tx.event(event_for("message.read", &ch, Some(user.clone())), to_watchers_and_hooks(cid)).await?;
         // The reader's own connections learn their new counters, as Stream's clients expect.
@@ -447,12 +440,12 @@ impl WithChannel for Event {
 /// a channel or its members or messages (crate doc, lock order).
 pub(crate) async fn lock_and_load(tx: &mut Tx, cid: &str) -> Result<Option<Channel>> {
     lock_channel(tx, cid).await?;
-    load_channel(&mut tx.tx, cid).await
+    load_channel(&mut tx.tx, &tx.cache, cid).await
 }
 
 /// The channel as this transaction sees it now; it holds the channel's lock, so it exists.
 pub(crate) async fn reload(tx: &mut Tx, cid: &str) -> Result<Channel> {
-    match load_channel(&mut tx.tx, cid).await? {
+    match load_channel(&mut tx.tx, &tx.cache, cid).await? {
         Some(ch) => Ok(ch),
         None => not_found(format!("channel {cid:?} does not exist")),
     }
@@ -470,7 +463,7 @@ pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel,
     .bind(new.team.clone())
     .bind(serde_json::to_string(&new.custom)?)
     .bind(now)
-    .execute(&mut *tx.tx)
+    .execute(crate::counted(&mut *tx.tx))
     .await?;
     Ok(res.rows_affected() == 1)
 }
@@ -483,7 +476,7 @@ async fn write_channel_fields(tx: &mut Tx, ch: &Channel) -> Result<()> {
         .bind(ch.disabled)
         .bind(time::now())
         .bind(ch.cid.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
     Ok(())
 }
@@ -511,7 +504,7 @@ pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberI
             .bind(role.clone())
             .bind(serde_json::to_string(&m.custom)?)
             .bind(now)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if res.rows_affected() == 0 {
             continue;
@@ -547,7 +540,7 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
         let res = sqlx::query("DELETE FROM member WHERE cid = $1 AND user_id = $2")
             .bind(ch.cid.clone())
             .bind(uid.clone())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if res.rows_affected() == 0 {
             continue;
@@ -573,6 +566,21 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
     Ok(())
 }
 
+/// The statement of [`Store::member_read_states`] (with the member's `cid` too), its
+/// placeholders named: the channel's cid, its truncation and the limit.
+pub(crate) fn read_states_sql(cid: &str, truncated_at: &str, limit: &str) -> String {
+    format!(
+        "SELECT mb.cid AS cid, mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
+         (SELECT COUNT(*) FROM message m WHERE m.cid = mb.cid AND m.created_at > COALESCE(r.last_read, mb.created_at) AND m.created_at > {truncated_at} \
+          AND m.user_id <> mb.user_id AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE \
+          AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
+          AND (m.restricted_visibility = '[]' OR {})) AS unread_messages \
+         FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
+         WHERE mb.cid = {cid} ORDER BY mb.created_at, mb.user_id LIMIT {limit}",
+        crate::messages::restricted_to("m.id", "mb.user_id")
+    )
+}
+
 /// [`Store::unread_counts`] on a connection (inside a transaction: as it sees its own writes).
 pub(crate) async fn unread_counts_on(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
     Ok(sqlx::query_as(AssertSqlSafe(format!(
@@ -587,36 +595,47 @@ pub(crate) async fn unread_counts_on(conn: &mut AnyConnection, user_id: &str) ->
         crate::messages::restricted_to("m.id", "mb.user_id")
     )))
     .bind(user_id.to_string())
-    .fetch_one(&mut *conn)
+    .fetch_one(crate::counted(&mut *conn))
     .await?)
 }
 
 /// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
-pub(crate) async fn load_channel(conn: &mut AnyConnection, cid: &str) -> Result<Option<Channel>> {
+pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, cid: &str) -> Result<Option<Channel>> {
     let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
         .bind(cid.to_string())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(crate::counted(&mut *conn))
         .await?;
-    let Some(mut ch) = row.map(Channel::from) else { return Ok(None) };
-    hydrate_channel(conn, &mut ch).await?;
-    Ok(Some(ch))
+    let mut channels: Vec<Channel> = row.into_iter().map(Channel::from).collect();
+    hydrate_channels(conn, cache, &mut channels).await?;
+    Ok(channels.pop())
 }
 
-pub(crate) async fn hydrate_channel(conn: &mut AnyConnection, ch: &mut Channel) -> Result<()> {
-    if let Some(id) = &ch.created_by_id {
-        ch.created_by = load_users(conn, std::slice::from_ref(id)).await?.remove(id);
+/// Fills the creators, fork summaries and type configs of channels: two statements (types
+/// come from the cache), whatever their number.
+pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {
+    if channels.is_empty() {
+        return Ok(());
     }
-    let row: Option<ForkSummaryRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid = $1")))
-        .bind(ch.cid.clone())
-        .fetch_optional(&mut *conn)
-        .await?;
-    ch.fork = row.map(ForkSummary::try_from).transpose()?;
-    let row: Option<ChannelTypeRow> =
-        sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1")))
-            .bind(ch.kind.clone())
-            .fetch_optional(&mut *conn)
-            .await?;
-    ch.config = row.map(ChannelType::from);
+    let creator_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
+    let creators = load_users(conn, &creator_ids).await?;
+    let mut forks: HashMap<String, ForkSummary> = HashMap::new();
+    for chunk in channels.chunks(500) {
+        let sql = format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, ForkSummaryRow>(AssertSqlSafe(sql));
+        for ch in chunk.iter() {
+            q = q.bind(ch.cid.clone());
+        }
+        for row in q.fetch_all(crate::counted(&mut *conn)).await? {
+            let fork = ForkSummary::try_from(row)?;
+            forks.insert(fork.channel_cid.clone(), fork);
+        }
+    }
+    let types = cache.types(conn).await?;
+    for ch in channels.iter_mut() {
+        ch.created_by = ch.created_by_id.as_ref().and_then(|id| creators.get(id).cloned());
+        ch.fork = forks.remove(&ch.cid);
+        ch.config = types.get(&ch.kind).cloned();
+    }
     Ok(())
 }
 
@@ -627,7 +646,7 @@ pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64
     .bind(cid.to_string())
     .bind(limit)
     .bind(offset)
-    .fetch_all(&mut *conn)
+    .fetch_all(crate::counted(&mut *conn))
     .await?;
     let mut members: Vec<Member> = rows::all(rows);
     let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();

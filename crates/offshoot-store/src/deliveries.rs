@@ -67,7 +67,7 @@ impl Store {
         .bind(d.letter.last_error.clone())
         .bind(d.letter.first_attempt_at)
         .bind(now)
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
         tx.commit(self).await
     }
@@ -79,7 +79,7 @@ impl Store {
         )))
         .bind(limit)
         .bind(offset)
-        .fetch_all(self.pool())
+        .fetch_all(crate::counted(self.pool()))
         .await?;
         Ok(crate::rows::all(rows))
     }
@@ -96,7 +96,7 @@ impl Store {
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            out.extend(q.fetch_all(self.pool()).await?.into_iter().map(DeadLetterRecord::from));
+            out.extend(q.fetch_all(crate::counted(self.pool())).await?.into_iter().map(DeadLetterRecord::from));
         }
         Ok(out)
     }
@@ -111,18 +111,18 @@ impl Store {
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            n += q.execute(&mut *tx.tx).await?.rows_affected();
+            n += q.execute(crate::counted(&mut *tx.tx)).await?.rows_affected();
             tx.commit(self).await?;
         }
         Ok(n)
     }
 
     pub async fn count_dead_letters(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM webhook_dead_letter").fetch_one(self.pool()).await?)
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM webhook_dead_letter").fetch_one(crate::counted(self.pool())).await?)
     }
 
     /// Forks that ended `failed` (the backfill queue's dead letters).
     pub async fn count_failed_forks(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE status = 'failed'").fetch_one(self.pool()).await?)
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE status = 'failed'").fetch_one(crate::counted(self.pool())).await?)
     }
 }

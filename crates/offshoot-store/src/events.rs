@@ -18,7 +18,7 @@ impl Tx {
 /// an event committed late; it is the last lock of every transaction (crate doc, lock order).
 pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<(Event, Audience)>) -> Result<()> {
     if backend == Backend::Postgres {
-        sqlx::query("SELECT pg_advisory_xact_lock(7261001)").execute(&mut **tx).await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7261001)").execute(crate::counted(&mut **tx)).await?;
     }
     for (event, audience) in events {
         sqlx::query("INSERT INTO event (type, cid, payload, audience, created_at) VALUES ($1, $2, $3, $4, $5)")
@@ -27,7 +27,7 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
             .bind(serde_json::to_string(&event)?)
             .bind(serde_json::to_string(&audience)?)
             .bind(event.created_at)
-            .execute(&mut **tx)
+            .execute(crate::counted(&mut **tx))
             .await?;
     }
     Ok(())
@@ -63,20 +63,22 @@ impl Store {
         let rows: Vec<OutboxRow> = sqlx::query_as("SELECT seq, payload, audience FROM event WHERE seq > $1 ORDER BY seq LIMIT $2")
             .bind(after)
             .bind(limit)
-            .fetch_all(self.pool())
+            .fetch_all(crate::counted(self.pool()))
             .await?;
         Ok(rows.into_iter().map(OutboxRow::decode).collect())
     }
 
     /// The newest `seq` in the outbox (0 when empty).
     pub async fn last_event_seq(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM event").fetch_one(self.pool()).await?)
+        Ok(sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM event").fetch_one(crate::counted(self.pool())).await?)
     }
 
     /// A consumer's cursor; created at the current end of the outbox on first use.
     pub async fn outbox_cursor(&self, name: &str) -> Result<i64> {
-        let seq: Option<i64> =
-            sqlx::query_scalar("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_optional(self.pool()).await?;
+        let seq: Option<i64> = sqlx::query_scalar("SELECT seq FROM outbox_cursor WHERE name = $1")
+            .bind(name.to_string())
+            .fetch_optional(crate::counted(self.pool()))
+            .await?;
         if let Some(seq) = seq {
             return Ok(seq);
         }
@@ -85,10 +87,12 @@ impl Store {
         sqlx::query("INSERT INTO outbox_cursor (name, seq, created_at, updated_at) SELECT $1, COALESCE(MAX(seq), 0), $2, $2 FROM event WHERE true ON CONFLICT (name) DO NOTHING")
             .bind(name.to_string())
             .bind(now)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
-        let seq: i64 =
-            sqlx::query_scalar("SELECT seq FROM outbox_cursor WHERE name = $1").bind(name.to_string()).fetch_one(&mut *tx.tx).await?;
+        let seq: i64 = sqlx::query_scalar("SELECT seq FROM outbox_cursor WHERE name = $1")
+            .bind(name.to_string())
+            .fetch_one(crate::counted(&mut *tx.tx))
+            .await?;
         tx.commit(self).await?;
         Ok(seq)
     }
@@ -105,7 +109,7 @@ impl Store {
             .bind(now)
             .bind(name.to_string())
             .bind(from)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if res.rows_affected() == 0 {
             return Ok(false);
@@ -139,7 +143,7 @@ impl Store {
         let res =
             sqlx::query("DELETE FROM event WHERE created_at < $1 AND seq <= COALESCE((SELECT MIN(seq) FROM outbox_cursor), event.seq)")
                 .bind(before)
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         tx.commit(self).await?;
         Ok(res.rows_affected())
@@ -160,18 +164,18 @@ async fn record_ai_state(tx: &mut Tx, event: &Event) -> Result<()> {
                 .bind(mid.to_string())
                 .bind(state.to_string())
                 .bind(now)
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         ("ai_indicator.clear" | "ai_indicator.stop", Some(mid)) => {
             sqlx::query("DELETE FROM ai_state WHERE cid = $1 AND message_id = $2")
                 .bind(cid.clone())
                 .bind(mid.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         ("ai_indicator.clear" | "ai_indicator.stop", None) => {
-            sqlx::query("DELETE FROM ai_state WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM ai_state WHERE cid = $1").bind(cid.clone()).execute(crate::counted(&mut *tx.tx)).await?;
         }
         _ => {}
     }

@@ -104,7 +104,7 @@ async fn load_fork_row(conn: &mut AnyConnection, cid: &str) -> Result<Option<For
         "SELECT {FORK_COLS}, f.exclude_attachments, f.point_created_at, f.planned, f.boundary_created_at, f.boundary_id, f.cursor_created_at, f.cursor_id, f.first_page_map FROM fork f WHERE f.cid = $1"
     )))
     .bind(cid.to_string())
-    .fetch_optional(&mut *conn)
+    .fetch_optional(crate::counted(&mut *conn))
     .await?;
     row.map(ForkRow::try_from).transpose()
 }
@@ -164,7 +164,7 @@ impl TryFrom<CopySourceRow> for CopySource {
 }
 
 async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
-    let rows: Vec<CopySourceRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(&mut *conn).await?;
+    let rows: Vec<CopySourceRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(crate::counted(&mut *conn)).await?;
     rows.into_iter().map(CopySource::try_from).collect()
 }
 
@@ -198,7 +198,7 @@ async fn copy_messages(
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for (id, cid, source_id) in q.fetch_all(&mut *tx.tx).await? {
+        for (id, cid, source_id) in q.fetch_all(crate::counted(&mut *tx.tx)).await? {
             taken.insert(id, (cid, source_id));
         }
     }
@@ -251,7 +251,7 @@ async fn copy_messages(
         for (src, copy, parent, quoted) in chunk {
             q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
         // Restricted visibility rows of the copies (few messages have any).
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 1 + i * 2, 2))).collect();
         let sql = format!(
@@ -263,7 +263,7 @@ async fn copy_messages(
         for (src, copy, _, _) in chunk {
             q = q.bind(src.clone()).bind(copy.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     let copied = plan.len() as i64;
     for (src, copy, parent, _) in plan {
@@ -283,14 +283,14 @@ async fn copy_messages(
         for id in chunk {
             q = q.bind(id.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     if copied > 0 {
         sqlx::query("UPDATE channel SET message_count = message_count + $1, last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $2 THEN $2 ELSE last_message_at END WHERE cid = $3")
             .bind(copied)
             .bind(newest)
             .bind(fork_cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
     }
     Ok((copied, failure))
@@ -318,13 +318,15 @@ fn eligible_binds(source_cid: &str, truncated_at: Option<i64>, point: (i64, &str
 /// Writes `channel.forked` on the source (watchers and webhooks) and on the fork (watchers and
 /// its first 100 members, WebSocket only; webhooks too when the source is gone or deleted).
 async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
-    let Some(fork_ch) = load_channel(&mut tx.tx, fork_cid).await? else { return not_found(format!("fork {fork_cid:?} does not exist")) };
+    let Some(fork_ch) = load_channel(&mut tx.tx, &tx.cache, fork_cid).await? else {
+        return not_found(format!("fork {fork_cid:?} does not exist"));
+    };
     let Some(summary) = fork_ch.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
     let user = match &summary.created_by_id {
         Some(id) => load_users(&mut tx.tx, std::slice::from_ref(id)).await?.remove(id),
         None => None,
     };
-    let source = load_channel(&mut tx.tx, &summary.source_channel_cid).await?;
+    let source = load_channel(&mut tx.tx, &tx.cache, &summary.source_channel_cid).await?;
     let source_gone = source.as_ref().is_none_or(|s| s.deleted_at.is_some());
     if let Some(src) = &source {
         let mut ev = event_for("channel.forked", src, user.clone());
@@ -347,7 +349,7 @@ async fn still_generating(conn: &mut AnyConnection, cid: &str, message_id: &str)
     let state: Option<String> = sqlx::query_scalar("SELECT state FROM ai_state WHERE cid = $1 AND message_id = $2")
         .bind(cid.to_string())
         .bind(message_id.to_string())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(crate::counted(&mut *conn))
         .await?;
     let state = state.unwrap_or_default();
     Ok(!matches!(state.as_str(), "AI_STATE_ERROR" | "AI_STATE_IDLE" | ""))
@@ -367,7 +369,7 @@ async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()>
     .bind(failed.map(str::to_string))
     .bind(now)
     .bind(fork_cid.to_string())
-    .execute(&mut *tx.tx)
+    .execute(crate::counted(&mut *tx.tx))
     .await?;
     announce_forked(tx, fork_cid).await
 }
@@ -415,7 +417,7 @@ impl Store {
             );
         }
 
-        let Some(source) = load_channel(&mut tx.tx, &req.source_cid).await? else {
+        let Some(source) = load_channel(&mut tx.tx, &tx.cache, &req.source_cid).await? else {
             return not_found(format!("channel {:?} does not exist", req.source_cid));
         };
         if source.deleted_at.is_some() {
@@ -438,7 +440,7 @@ impl Store {
                 ));
             }
         }
-        if load_channel(&mut tx.tx, &fork_cid).await?.is_some() {
+        if load_channel(&mut tx.tx, &tx.cache, &fork_cid).await?.is_some() {
             return domain(Error::new(
                 ErrorKind::ForkTargetExists,
                 format!("channel {fork_cid:?} already exists; fork into a new channel id"),
@@ -471,7 +473,7 @@ impl Store {
             .bind(source.cid.clone())
             .bind(point.created_at)
             .bind(point.id.clone())
-            .fetch_one(&mut *tx.tx)
+            .fetch_one(crate::counted(&mut *tx.tx))
             .await?;
         if clash > 0 {
             return domain(Error::new(
@@ -481,7 +483,7 @@ impl Store {
         }
         let forks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE source_cid = $1 AND status <> 'failed'")
             .bind(source.cid.clone())
-            .fetch_one(&mut *tx.tx)
+            .fetch_one(crate::counted(&mut *tx.tx))
             .await?;
         if forks >= plan::MAX_FORKS {
             return domain(
@@ -551,7 +553,7 @@ impl Store {
                 .bind(role)
                 .bind(serde_json::to_string(&m.custom)?)
                 .bind(now)
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         let task_id = uuid::Uuid::now_v7().to_string();
@@ -565,7 +567,7 @@ impl Store {
             .bind(point.created_at)
             .bind(point.id.clone())
             .bind(now)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
 
         // The newest page: up to 100 top-level messages up to the fork point and up to 100 of
@@ -598,7 +600,7 @@ impl Store {
         )
         .bind(serde_json::to_string(&map)?)
         .bind(fork_cid.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
 
         // channel.created and notification.added_to_channel, once.
@@ -622,7 +624,10 @@ impl Store {
         }
         if finished {
             // Finished synchronously: there is no background task.
-            sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1").bind(fork_cid.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1")
+                .bind(fork_cid.clone())
+                .execute(crate::counted(&mut *tx.tx))
+                .await?;
         }
         let channel = reload(&mut tx, &fork_cid).await?;
         tx.commit(self).await?;
@@ -632,7 +637,9 @@ impl Store {
 
     /// Forks still copying, oldest first.
     pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?)
+        Ok(sqlx::query_scalar("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
+            .fetch_all(crate::counted(self.pool()))
+            .await?)
     }
 
     /// Copies the next page of a backfilling fork, in one transaction with its cursor.
@@ -656,14 +663,17 @@ impl Store {
         // fork row: one backfill page at a time per fork, across processes (crate doc).
         lock_channel(&mut tx, fork_cid).await?;
         if self.backend() == Backend::Postgres {
-            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE")
+                .bind(fork_cid.to_string())
+                .fetch_optional(crate::counted(&mut *tx.tx))
+                .await?;
         }
         let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok((BackfillStep::Done, None));
         }
         let mut summary = f.summary.clone();
-        let Some(source) = load_channel(&mut tx.tx, &f.summary.source_channel_cid).await? else {
+        let Some(source) = load_channel(&mut tx.tx, &tx.cache, &f.summary.source_channel_cid).await? else {
             // A hard-deleted source ends the backfill with what was copied.
             finish(&mut tx, fork_cid, None).await?;
             tx.commit(self).await?;
@@ -679,14 +689,14 @@ impl Store {
                 "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
                 plan::MAX_COPIED - 1
             );
-            boundary = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(&mut *tx.tx).await?;
+            boundary = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *tx.tx)).await?;
             let truncated = match &boundary {
                 Some(b) => {
                     let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
                     let mut bb = binds.clone();
                     bb.push(Bind::I(b.0));
                     bb.push(Bind::S(b.1.clone()));
-                    sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(&mut *tx.tx).await?.is_some()
+                    sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *tx.tx)).await?.is_some()
                 }
                 None => false,
             };
@@ -696,7 +706,7 @@ impl Store {
                 None => {
                     let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
                     let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
-                    sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(&mut *tx.tx).await?
+                    sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *tx.tx)).await?
                 }
             };
             summary.truncated = truncated;
@@ -708,7 +718,7 @@ impl Store {
                 .bind(total)
                 .bind(time::now())
                 .bind(fork_cid.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
@@ -727,7 +737,7 @@ impl Store {
                 .bind(fork_cid.to_string())
                 .bind(time::now())
                 .bind(copied)
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         let step = match failure {
@@ -760,7 +770,10 @@ impl Store {
         // The lock order of a backfill page: the fork's channel row, then the fork row.
         lock_channel(&mut tx, fork_cid).await?;
         if self.backend() == Backend::Postgres {
-            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE")
+                .bind(fork_cid.to_string())
+                .fetch_optional(crate::counted(&mut *tx.tx))
+                .await?;
         }
         let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok(false) };
         if f.summary.status != ForkStatus::Backfilling {
@@ -783,7 +796,7 @@ impl Store {
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            for (copy_id, source_id) in q.fetch_all(self.pool()).await? {
+            for (copy_id, source_id) in q.fetch_all(crate::counted(self.pool())).await? {
                 out.insert(source_id, Value::String(copy_id));
             }
         }
@@ -798,15 +811,17 @@ impl Store {
         .bind(source_cid.to_string())
         .bind(limit)
         .bind(offset)
-        .fetch_all(self.pool())
+        .fetch_all(crate::counted(self.pool()))
         .await?;
         rows.into_iter().map(ForkSummary::try_from).collect()
     }
 
     /// The task behind a fork's backfill, in Stream's task shape.
     pub async fn task(&self, task_id: &str) -> Result<Option<Task>> {
-        let cid: Option<String> =
-            sqlx::query_scalar("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
+        let cid: Option<String> = sqlx::query_scalar("SELECT cid FROM fork WHERE task_id = $1")
+            .bind(task_id.to_string())
+            .fetch_optional(crate::counted(self.pool()))
+            .await?;
         let Some(cid) = cid else { return Ok(None) };
         let mut conn = self.pool().acquire().await?;
         let Some(f) = load_fork_row(&mut conn, &cid).await? else { return Ok(None) };

@@ -51,7 +51,9 @@
 //! This crate may depend on `offshoot-core` and sqlx; it must not depend on axum, the API, the
 //! worker or the WebSocket crates.
 
+mod cache;
 mod channels;
+mod counted;
 mod deliveries;
 mod events;
 mod forks;
@@ -59,13 +61,17 @@ mod messages;
 mod ops;
 mod query;
 mod rows;
+mod state;
 mod users;
 
 pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMark, ReadState, UnreadCounts};
+pub use counted::count_statements;
+pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
+pub use state::ChannelState;
 pub use users::{UserInput, UserPatch};
 
 use offshoot_core::model::AppSettings;
@@ -223,6 +229,8 @@ pub struct Store {
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
     url: Arc<str>,
+    /// App settings and channel types (`cache.rs`).
+    cache: Arc<cache::ConfigCache>,
 }
 
 /// A write transaction. Events are collected while it runs and written to the outbox when it
@@ -232,6 +240,7 @@ pub(crate) struct Tx {
     pub(crate) tx: Transaction<'static, Any>,
     backend: Backend,
     events: Vec<(offshoot_core::model::Event, offshoot_core::model::Audience)>,
+    pub(crate) cache: Arc<cache::ConfigCache>,
     _guard: Option<OwnedMutexGuard<()>>,
 }
 
@@ -253,7 +262,7 @@ impl Tx {
         }
         if backend == Backend::Postgres && wrote {
             // NOTIFY is transactional: other processes hear it when this commits.
-            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
+            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(crate::counted(&mut *tx)).await?;
         }
         tx.commit().await?;
         if wrote {
@@ -327,6 +336,7 @@ impl Store {
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
             events: Arc::new(Notify::new()),
             url: url.into(),
+            cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
         })
     }
 
@@ -345,7 +355,8 @@ impl Store {
     }
 
     /// On PostgreSQL, relays `LISTEN offshoot_events` from other processes to
-    /// [`Store::event_notify`] until `shutdown`. Consumers still
+    /// [`Store::event_notify`], and `offshoot_config` to the settings cache, until `shutdown`.
+    /// The cache is used only while the listener is connected (`cache.rs`). Consumers still
     /// poll, so a lost notification only delays, never loses, work. No-op on SQLite.
     pub async fn relay_notifications(&self, shutdown: impl std::future::Future<Output = ()>) {
         if self.backend != Backend::Postgres {
@@ -355,12 +366,18 @@ impl Store {
             loop {
                 match sqlx::postgres::PgListener::connect(&self.url).await {
                     Ok(mut l) => {
-                        if let Err(e) = l.listen("offshoot_events").await {
+                        if let Err(e) = l.listen_all(["offshoot_events", "offshoot_config"]).await {
                             tracing::warn!(error = %e, "LISTEN failed");
                         } else {
-                            while l.recv().await.is_ok() {
-                                self.events.notify_waiters();
+                            self.cache.set_usable(true);
+                            while let Ok(n) = l.recv().await {
+                                if n.channel() == "offshoot_config" {
+                                    self.cache.invalidate();
+                                } else {
+                                    self.events.notify_waiters();
+                                }
                             }
+                            self.cache.set_usable(false);
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "connecting the notification listener failed"),
@@ -372,6 +389,7 @@ impl Store {
             _ = shutdown => {}
             _ = relay => {}
         }
+        self.cache.set_usable(false);
     }
 
     pub(crate) async fn begin(&self) -> Result<Tx> {
@@ -383,7 +401,7 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         };
-        Ok(Tx { tx, backend: self.backend, events: Vec::new(), _guard: guard })
+        Ok(Tx { tx, backend: self.backend, events: Vec::new(), cache: self.cache.clone(), _guard: guard })
     }
 
     /// Runs a write transaction, again (after a short random pause) when it lost to a
@@ -414,7 +432,7 @@ impl Store {
 
     /// `SELECT 1`, for readiness.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1").execute(crate::counted(&self.pool)).await?;
         Ok(())
     }
 
@@ -424,7 +442,7 @@ impl Store {
         let mut tx = self.begin().await?;
         let row: Option<AppKeys> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT api_key, api_secret FROM app WHERE id = 1{}", tx.for_update())))
-                .fetch_optional(&mut *tx.tx)
+                .fetch_optional(crate::counted(&mut *tx.tx))
                 .await?;
         let now = offshoot_core::time::now();
         let result = match (row, key, secret) {
@@ -433,7 +451,7 @@ impl Store {
                     .bind(k.to_string())
                     .bind(s.to_string())
                     .bind(now)
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
                 (k.to_string(), s.to_string(), false)
             }
@@ -450,11 +468,12 @@ impl Store {
                     .bind(s.clone())
                     .bind(settings)
                     .bind(now)
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
                 if res.rows_affected() == 0 {
                     // Another process created the app row first: use its pair.
-                    let keys: AppKeys = sqlx::query_as("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(&mut *tx.tx).await?;
+                    let keys: AppKeys =
+                        sqlx::query_as("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(crate::counted(&mut *tx.tx)).await?;
                     (keys.api_key, keys.api_secret, false)
                 } else {
                     (k, s, generated)
@@ -465,10 +484,24 @@ impl Store {
         Ok(result)
     }
 
+    /// The app settings, from memory when they are cached (`cache.rs`).
     pub async fn app_settings(&self) -> Result<AppSettings> {
-        let settings: Option<rows::Json<AppSettings>> =
-            sqlx::query_scalar("SELECT settings FROM app WHERE id = 1").fetch_optional(&self.pool).await?;
-        Ok(settings.map(|s| s.0).unwrap_or_default())
+        if let Some(s) = self.cache.cached_settings() {
+            return Ok(s);
+        }
+        let mut conn = self.pool.acquire().await?;
+        self.cache.settings(&mut conn).await
+    }
+
+    /// Commits a transaction that changed the app settings or a channel type, and drops the
+    /// cached copies here and, on PostgreSQL, in every other process (`cache.rs`).
+    pub(crate) async fn commit_config_change(&self, mut tx: Tx) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_notify('offshoot_config', '')").execute(counted(&mut *tx.tx)).await?;
+        }
+        tx.commit(self).await?;
+        self.cache.invalidate();
+        Ok(())
     }
 
     /// Changes the app settings under the app row's lock, so concurrent `PATCH /app` calls that
@@ -481,16 +514,16 @@ impl Store {
             let mut tx = self.begin().await?;
             let stored: Option<rows::Json<AppSettings>> =
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
-                    .fetch_optional(&mut *tx.tx)
+                    .fetch_optional(crate::counted(&mut *tx.tx))
                     .await?;
             let mut settings = stored.map(|s| s.0).unwrap_or_default();
             change(&mut settings)?;
             sqlx::query("UPDATE app SET settings = $1, updated_at = $2 WHERE id = 1")
                 .bind(serde_json::to_string(&settings)?)
                 .bind(offshoot_core::time::now())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
-            tx.commit(self).await?;
+            self.commit_config_change(tx).await?;
             Ok(settings)
         })
         .await

@@ -124,7 +124,8 @@ impl Store {
         let mut binds = vec![Bind::S(ch.cid.clone())];
         let vis = visible_to(viewer, ch.truncated_at, &mut binds);
         let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = $1 AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} ORDER BY m.pinned_at DESC LIMIT {limit}");
-        let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(&mut *conn).await?;
+        let rows: Vec<MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
         let mut msgs: Vec<Message> = rows::all(rows);
         hydrate_messages(&mut conn, &mut msgs, viewer, ch.truncated_at).await?;
         Ok(msgs)
@@ -135,7 +136,7 @@ impl Store {
     pub async fn get_message(&self, id: &str, viewer: &Viewer) -> Result<Option<(Message, bool)>> {
         let mut conn = self.pool().acquire().await?;
         let Some((mut m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
-        let truncated_at = load_channel(&mut conn, &m.cid).await?.and_then(|c| c.truncated_at);
+        let truncated_at = load_channel(&mut conn, &self.cache, &m.cid).await?.and_then(|c| c.truncated_at);
         hydrate_messages(&mut conn, std::slice::from_mut(&mut m), viewer, truncated_at).await?;
         Ok(Some((m, hidden)))
     }
@@ -215,10 +216,13 @@ impl Store {
             .bind(m.show_in_channel)
             .bind(m.command.clone())
             .bind(m.id.clone())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if m.restricted_visibility != before_restricted {
-            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1").bind(m.id.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1")
+                .bind(m.id.clone())
+                .execute(crate::counted(&mut *tx.tx))
+                .await?;
             insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(&m)).await?;
         }
         let mut out = vec![m];
@@ -249,24 +253,24 @@ impl Store {
                 "DELETE FROM message_restricted WHERE message_id = $1",
                 "DELETE FROM message WHERE id = $1",
             ] {
-                sqlx::query(sql).bind(id.to_string()).execute(&mut *tx.tx).await?;
+                sqlx::query(sql).bind(id.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
             }
             if let Some(p) = &m.parent_id {
                 sqlx::query("UPDATE message SET reply_count = reply_count - 1 WHERE id = $1 AND reply_count > 0")
                     .bind(p.clone())
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
             }
         } else if !was_deleted {
             sqlx::query("UPDATE message SET deleted_at = $1, updated_at = $1, type = 'deleted' WHERE id = $2")
                 .bind(now)
                 .bind(id.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
             if let Some(p) = &m.parent_id {
                 sqlx::query("UPDATE message SET deleted_reply_count = deleted_reply_count + 1 WHERE id = $1")
                     .bind(p.clone())
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
             }
         }
@@ -312,7 +316,7 @@ impl Store {
             sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2")
                 .bind(message_id.to_string())
                 .bind(user.id.clone())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         let now = time::now();
@@ -323,7 +327,7 @@ impl Store {
             .bind(reaction.score)
             .bind(serde_json::to_string(&reaction.custom)?)
             .bind(now)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         let (m, r) = self.reaction_event(&mut tx, &ch, message_id, &user, &reaction.kind, "reaction.new", None).await?;
         tx.commit(self).await?;
@@ -346,7 +350,7 @@ impl Store {
             .bind(message_id.to_string())
             .bind(user.id.clone())
             .bind(kind.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         // The event (and the answer) carry the message as it is without the reaction.
         let (m, r) = self.reaction_event(&mut tx, &ch, message_id, user, kind, "reaction.deleted", Some(removed)).await?;
@@ -429,7 +433,7 @@ impl Store {
                 "DELETE FROM message_restricted WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
                 "DELETE FROM message WHERE cid = $1 AND created_at <= $2",
             ] {
-                sqlx::query(sql).bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
+                sqlx::query(sql).bind(cid.to_string()).bind(at).execute(crate::counted(&mut *tx.tx)).await?;
             }
         }
         sqlx::query("UPDATE channel SET truncated_at = $1, truncated_by_id = $2, updated_at = $3 WHERE cid = $4")
@@ -437,7 +441,7 @@ impl Store {
             .bind(actor.map(|u| u.id.clone()))
             .bind(now)
             .bind(cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         let ch = reload(&mut tx, cid).await?;
         let mut sys = None;
@@ -524,19 +528,23 @@ impl Store {
         .bind(cid.to_string())
         .bind(point.created_at)
         .bind(point.id.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
         // Replies created after the rewind point, and replies of hidden parents.
         sqlx::query("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND parent_id IN (SELECT id FROM message WHERE cid = $2 AND hidden_at = $1)")
             .bind(now)
             .bind(cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         sqlx::query("UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id AND r.hidden_at IS NULL) WHERE cid = $1 AND reply_count > 0")
             .bind(cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
-        sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+        sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2")
+            .bind(now)
+            .bind(cid.to_string())
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
         let ch = reload(&mut tx, cid).await?;
         let mut ev = event_for("channel.rewound", &ch, actor.cloned());
         ev.channel = Some(ch.clone());
@@ -572,11 +580,12 @@ impl Store {
             }
         }
         sql.push_str(&format!(" ORDER BY m.created_at DESC, m.id DESC LIMIT {}", limit.clamp(1, 100)));
-        let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(&mut *conn).await?;
+        let rows: Vec<MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
         let parents: Vec<Message> = rows::all(rows);
         let mut out = Vec::new();
         for mut p in parents {
-            let Some(ch) = load_channel(&mut conn, &p.cid).await? else { continue };
+            let Some(ch) = load_channel(&mut conn, &self.cache, &p.cid).await? else { continue };
             if !is_visible(&p, false, ch.truncated_at, viewer) {
                 continue;
             }
@@ -602,7 +611,10 @@ impl Store {
 /// are already serialised).
 pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
     if tx.backend == crate::Backend::Postgres {
-        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE").bind(cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE")
+            .bind(cid.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
     }
     Ok(())
 }
@@ -611,8 +623,10 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
 /// for message writes is the channel row first (crate doc). `None` when the message does not
 /// exist or a rewind hid it.
 pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
-    let cid: Option<String> =
-        sqlx::query_scalar("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
+    let cid: Option<String> = sqlx::query_scalar("SELECT cid FROM message WHERE id = $1")
+        .bind(id.to_string())
+        .fetch_optional(crate::counted(&mut *tx.tx))
+        .await?;
     let Some(cid) = cid else { return Ok(None) };
     let Some(ch) = lock_and_load(tx, &cid).await? else { return Ok(None) };
     match load_message(&mut tx.tx, id).await? {
@@ -625,7 +639,7 @@ pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Chan
     Ok(sqlx::query_scalar("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
         .bind(ch.cid.clone())
         .bind(ch.truncated_at.unwrap_or(i64::MIN))
-        .fetch_optional(&mut *conn)
+        .fetch_optional(crate::counted(&mut *conn))
         .await?)
 }
 
@@ -640,7 +654,7 @@ pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
         .bind(user.id.clone())
         .bind(role)
         .bind(now)
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
     match load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id) {
         Some(u) => Ok(u),
@@ -715,13 +729,16 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
     };
     insert_message_row(tx, &m).await?;
     if let Some(pid) = &m.parent_id {
-        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1").bind(pid.clone()).execute(&mut *tx.tx).await?;
+        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1")
+            .bind(pid.clone())
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
     }
     sqlx::query("UPDATE channel SET last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $1 THEN $1 ELSE last_message_at END, message_count = message_count + 1, updated_at = $2 WHERE cid = $3")
         .bind(m.created_at)
         .bind(now)
         .bind(ch.cid.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
     Ok(m)
 }
@@ -778,7 +795,7 @@ pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result
                 .bind(m.source_cid.clone())
                 .bind(m.source_message_id.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     insert_restricted(tx.backend, &mut tx.tx, msgs).await
 }
@@ -802,7 +819,7 @@ pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyCon
         for (mid, uid, at) in chunk {
             q = q.bind(mid.to_string()).bind(uid.to_string()).bind(*at).bind(*at);
         }
-        q.execute(&mut *conn).await?;
+        q.execute(crate::counted(&mut *conn)).await?;
     }
     Ok(())
 }
@@ -811,7 +828,7 @@ pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyCon
 pub(crate) async fn load_message(conn: &mut AnyConnection, id: &str) -> Result<Option<(Message, bool)>> {
     let row: Option<MessageRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id = $1")))
         .bind(id.to_string())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(crate::counted(&mut *conn))
         .await?;
     Ok(row.map(MessageRow::with_hidden))
 }
@@ -823,7 +840,7 @@ async fn load_reaction(conn: &mut AnyConnection, message_id: &str, user_id: &str
             .bind(message_id.to_string())
             .bind(user_id.to_string())
             .bind(kind.to_string())
-            .fetch_optional(&mut *conn)
+            .fetch_optional(crate::counted(&mut *conn))
             .await?;
     Ok(row.map(Reaction::from))
 }
@@ -839,7 +856,7 @@ async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, pa
                 sqlx::query_as(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
                     .bind(binds[0].clone_str())
                     .bind(id.clone())
-                    .fetch_optional(&mut *conn)
+                    .fetch_optional(crate::counted(&mut *conn))
                     .await?;
             match row {
                 Some(position) => Some(position),
@@ -880,12 +897,47 @@ async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, pa
     }
 }
 
-async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
-    let sql = format!(
-        "SELECT {MESSAGE_COLS} FROM message m WHERE {base}{cond} ORDER BY m.created_at {d}, m.id {d} LIMIT {lim}",
+/// The page of messages matching `cond`, newest (`desc`) or oldest first.
+pub(crate) fn page_sql(cond: &str, desc: bool, lim: i64) -> String {
+    format!(
+        "SELECT {MESSAGE_COLS} FROM message m WHERE {cond} ORDER BY m.created_at {d}, m.id {d} LIMIT {lim}",
         d = if desc { "DESC" } else { "ASC" }
-    );
-    let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(&mut *conn).await?;
+    )
+}
+
+/// Several statements' rows in one: `UNION ALL` of each, as a subquery so that each keeps its
+/// own `ORDER BY … LIMIT` (and its index scan). The caller orders the result.
+pub(crate) fn union_all(statements: &[String]) -> String {
+    statements.iter().enumerate().map(|(i, s)| format!("SELECT * FROM ({s}) AS u{i}")).collect::<Vec<_>>().join(" UNION ALL ")
+}
+
+/// The newest `lim` messages of each `(key, condition)` (conditions number their binds in
+/// `binds`), oldest first, in one statement per 100 conditions.
+pub(crate) async fn latest_pages(
+    conn: &mut AnyConnection,
+    conditions: &[(String, String)],
+    binds: &[Bind],
+    lim: i64,
+    key_of: impl Fn(&Message) -> String,
+) -> Result<HashMap<String, Vec<Message>>> {
+    let mut pages: HashMap<String, Vec<Message>> = conditions.iter().map(|(k, _)| (k.clone(), Vec::new())).collect();
+    for chunk in conditions.chunks(100) {
+        let sql = union_all(&chunk.iter().map(|(_, cond)| page_sql(cond, true, lim)).collect::<Vec<_>>());
+        let rows: Vec<MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        for m in rows.into_iter().map(Message::from) {
+            pages.entry(key_of(&m)).or_default().push(m);
+        }
+    }
+    for page in pages.values_mut() {
+        page.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    }
+    Ok(pages)
+}
+
+async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
+    let sql = page_sql(&format!("{base}{cond}"), desc, lim);
+    let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
     let mut msgs: Vec<Message> = rows::all(rows);
     if desc {
         msgs.reverse();
@@ -903,24 +955,44 @@ impl Bind {
     }
 }
 
-/// Fills users, reactions, thread participants and quoted messages of a page.
+/// Fills users, reactions, thread participants and quoted messages of a page of one channel
+/// truncated at `truncated_at`.
 pub(crate) async fn hydrate_messages(
     conn: &mut AnyConnection,
     msgs: &mut [Message],
     viewer: &Viewer,
     truncated_at: Option<i64>,
 ) -> Result<()> {
+    hydrate_messages_of(conn, msgs, viewer, &|_| truncated_at).await
+}
+
+/// [`hydrate_messages`] for messages of several channels, `truncated_at` giving each
+/// channel's truncation by cid: a fixed number of statements, whatever the number of messages
+/// and channels.
+pub(crate) async fn hydrate_messages_of(
+    conn: &mut AnyConnection,
+    msgs: &mut [Message],
+    viewer: &Viewer,
+    truncated_at: &(dyn Fn(&str) -> Option<i64> + Sync),
+) -> Result<()> {
     if msgs.is_empty() {
         return Ok(());
     }
     let ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
     // Quoted messages (one level), hidden when not visible or deleted.
-    let quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
+    let mut quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
+    quoted_ids.sort();
+    quoted_ids.dedup();
     let mut quoted: HashMap<String, Message> = HashMap::new();
-    for qid in quoted_ids {
-        if let Some((q, hidden)) = load_message(conn, &qid).await? {
-            if q.deleted_at.is_none() && is_visible(&q, hidden, truncated_at, viewer) {
-                quoted.insert(qid, q);
+    for chunk in quoted_ids.chunks(500) {
+        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, MessageRow>(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        for (m, hidden) in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(MessageRow::with_hidden) {
+            if m.deleted_at.is_none() && is_visible(&m, hidden, truncated_at(&m.cid), viewer) {
+                quoted.insert(m.id.clone(), m);
             }
         }
     }
@@ -933,7 +1005,7 @@ pub(crate) async fn hydrate_messages(
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for r in q.fetch_all(&mut *conn).await?.into_iter().map(Reaction::from) {
+        for r in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(Reaction::from) {
             reactions.entry(r.message_id.clone()).or_default().push(r);
         }
     }
@@ -946,7 +1018,7 @@ pub(crate) async fn hydrate_messages(
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for (parent_id, user_id, _) in q.fetch_all(&mut *conn).await? {
+        for (parent_id, user_id, _) in q.fetch_all(crate::counted(&mut *conn)).await? {
             participants.entry(parent_id).or_default().push(user_id);
         }
     }

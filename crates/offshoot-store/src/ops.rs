@@ -39,12 +39,12 @@ impl Store {
         let now = time::now();
         let (backfilling_forks, oldest): (i64, i64) =
             sqlx::query_as("SELECT COUNT(*), COALESCE(MIN(created_at), 0) FROM fork WHERE status = 'backfilling'")
-                .fetch_one(self.pool())
+                .fetch_one(crate::counted(self.pool()))
                 .await?;
         let backfill_lag_seconds = if backfilling_forks > 0 { (now - oldest).max(0) as f64 / 1e9 } else { 0.0 };
         let newest = self.last_event_seq().await?;
         let cursors: Vec<(String, i64)> =
-            sqlx::query_as("SELECT name, seq FROM outbox_cursor ORDER BY name").fetch_all(self.pool()).await?;
+            sqlx::query_as("SELECT name, seq FROM outbox_cursor ORDER BY name").fetch_all(crate::counted(self.pool())).await?;
         let mut outbox_lag: Vec<(String, i64)> = cursors.into_iter().map(|(name, seq)| (name, (newest - seq).max(0))).collect();
         for (name, seq) in MEMORY_CURSORS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             outbox_lag.push((name.to_string(), (newest - seq).max(0)));

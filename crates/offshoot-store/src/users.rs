@@ -1,5 +1,6 @@
 //! Users, bans and channel types.
 
+use crate::cache::ChannelTypes;
 use crate::messages::arguments;
 use crate::query::{user_condition, user_order, SqlBuilder};
 use crate::rows::{self, placeholders, ChannelTypeRow, UserRow, CHANNEL_TYPE_COLS, USER_COLS};
@@ -131,7 +132,7 @@ impl Store {
     pub async fn get_user(&self, id: &str) -> Result<Option<User>> {
         let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
             .bind(id.to_string())
-            .fetch_optional(self.pool())
+            .fetch_optional(crate::counted(self.pool()))
             .await?;
         Ok(row.map(User::from))
     }
@@ -153,7 +154,8 @@ impl Store {
             limit.clamp(0, 100),
             offset.clamp(0, 10_000)
         );
-        let rows: Vec<UserRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(self.pool()).await?;
+        let rows: Vec<UserRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(self.pool())).await?;
         Ok(rows::all(rows))
     }
 
@@ -178,7 +180,8 @@ impl Store {
         };
         self.retrying("set_ban", || async {
             let mut tx = self.begin().await?;
-            let res = sqlx::query(sql).bind(banned).bind(time::now()).bind(user_id.to_string()).execute(&mut *tx.tx).await?;
+            let res =
+                sqlx::query(sql).bind(banned).bind(time::now()).bind(user_id.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
             if res.rows_affected() == 0 {
                 return not_found(format!("user with id {user_id:?} does not exist"));
             }
@@ -194,7 +197,7 @@ impl Store {
             let res = sqlx::query("UPDATE app_user SET banned = FALSE, shadow_banned = FALSE, updated_at = $1 WHERE id = $2")
                 .bind(time::now())
                 .bind(user_id.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
             if res.rows_affected() == 0 {
                 return not_found(format!("user with id {user_id:?} does not exist"));
@@ -205,20 +208,23 @@ impl Store {
     }
 
     pub async fn channel_type(&self, name: &str) -> Result<Option<ChannelType>> {
-        let row: Option<ChannelTypeRow> =
-            sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1")))
-                .bind(name.to_string())
-                .fetch_optional(self.pool())
-                .await?;
-        Ok(row.map(ChannelType::from))
+        Ok(self.channel_type_map().await?.get(name).cloned())
     }
 
+    /// Every channel type, by name.
     pub async fn channel_types(&self) -> Result<Vec<ChannelType>> {
-        let rows: Vec<ChannelTypeRow> =
-            sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type ORDER BY name")))
-                .fetch_all(self.pool())
-                .await?;
-        Ok(rows::all(rows))
+        let mut types: Vec<ChannelType> = self.channel_type_map().await?.values().cloned().collect();
+        types.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(types)
+    }
+
+    /// The channel types, from memory when they are cached (`cache.rs`).
+    pub(crate) async fn channel_type_map(&self) -> Result<ChannelTypes> {
+        if let Some(t) = self.cache.cached_types() {
+            return Ok(t);
+        }
+        let mut conn = self.pool().acquire().await?;
+        self.cache.types(&mut conn).await
     }
 
     /// Creates or updates a channel type.
@@ -232,7 +238,7 @@ impl Store {
         let row: Option<ChannelTypeRow> =
             sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1{}", tx.for_update())))
                 .bind(name.to_string())
-                .fetch_optional(&mut *tx.tx)
+                .fetch_optional(crate::counted(&mut *tx.tx))
                 .await?;
         let ct = match row.map(ChannelType::from) {
             Some(mut ct) => {
@@ -248,7 +254,7 @@ impl Store {
                     .bind(serde_json::to_string(&ct.extra)?)
                     .bind(now)
                     .bind(name.to_string())
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
                 ct
             }
@@ -268,12 +274,12 @@ impl Store {
                 .bind(ct.max_message_length)
                 .bind(serde_json::to_string(&ct.extra)?)
                 .bind(now)
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
                 ct
             }
         };
-        tx.commit(self).await?;
+        self.commit_config_change(tx).await?;
         Ok(ct)
     }
 }
@@ -293,7 +299,7 @@ async fn insert_user(tx: &mut crate::Tx, user: &User) -> Result<bool> {
     .bind(serde_json::to_string(&user.custom)?)
     .bind(user.invisible)
     .bind(user.created_at)
-    .execute(&mut *tx.tx)
+    .execute(crate::counted(&mut *tx.tx))
     .await?;
     Ok(res.rows_affected() == 1)
 }
@@ -302,7 +308,7 @@ async fn insert_user(tx: &mut crate::Tx, user: &User) -> Result<bool> {
 async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
     let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
         .bind(id.to_string())
-        .fetch_optional(&mut *tx.tx)
+        .fetch_optional(crate::counted(&mut *tx.tx))
         .await?;
     Ok(row.map(User::from))
 }
@@ -322,7 +328,7 @@ async fn update_user(tx: &mut crate::Tx, user: &User) -> Result<()> {
     .bind(serde_json::to_string(&user.custom)?)
     .bind(user.invisible)
     .bind(user.updated_at)
-    .execute(&mut *tx.tx)
+    .execute(crate::counted(&mut *tx.tx))
     .await?;
     Ok(())
 }
@@ -369,7 +375,7 @@ pub(crate) async fn load_users(conn: &mut sqlx::AnyConnection, ids: &[String]) -
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for u in q.fetch_all(&mut *conn).await?.into_iter().map(User::from) {
+        for u in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(User::from) {
             out.insert(u.id.clone(), u);
         }
     }
