@@ -7,7 +7,7 @@ use crate::rows::{placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
-use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Task, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Message, Task, User};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use serde_json::{json, Map, Value};
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -392,230 +392,23 @@ impl Store {
         Ok(outcome)
     }
 
+    /// The steps of the fork document (`docs/fork.md`), in one transaction under the source's
+    /// lock: a retry finds the fork it made; otherwise validate the point, check the limits,
+    /// create the channel, copy the newest page, announce.
     async fn create_fork_once(&self, req: &ForkRequest) -> Result<ForkOutcome> {
         let mut tx = self.begin().await?;
         lock_channel(&mut tx, &req.source_cid).await?;
         let (kind, _) = ids::parse_cid(&req.source_cid)?;
         let fork_cid = ids::cid(&kind, &req.target_id);
-
-        // A retry returns the existing fork; another fork under that id is a conflict.
         if let Some(existing) = load_fork_row(&mut tx.tx, &fork_cid).await? {
-            let s = &existing.summary;
-            if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
-                let channel = reload(&mut tx, &fork_cid).await?;
-                tx.commit(self).await?;
-                let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
-                return Ok(ForkOutcome { fork, channel, message_id_map: existing.first_page_map, created: false });
-            }
-            return domain(
-                Error::new(
-                    ErrorKind::ForkTargetConflict,
-                    format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid),
-                )
-                .field("source_channel_cid", s.source_channel_cid.clone())
-                .field("source_message_id", s.source_message_id.clone()),
-            );
+            return self.existing_fork(tx, req, &fork_cid, existing).await;
         }
-
-        let Some(source) = load_channel(&mut tx.tx, &tx.cache, &req.source_cid).await? else {
-            return not_found(format!("channel {:?} does not exist", req.source_cid));
-        };
-        if source.deleted_at.is_some() {
-            return not_found(format!("channel {:?} was deleted", req.source_cid));
-        }
-        if source.kind != "agent" {
-            return domain(Error::input(format!(
-                "channel {:?} is not an agent channel; only agent channels can be forked",
-                req.source_cid
-            )));
-        }
-        if let Some(f) = &source.fork {
-            if f.status == ForkStatus::Backfilling {
-                return domain(Error::new(
-                    ErrorKind::ForkInProgress,
-                    format!(
-                        "channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives",
-                        req.source_cid
-                    ),
-                ));
-            }
-        }
-        if load_channel(&mut tx.tx, &tx.cache, &fork_cid).await?.is_some() {
-            return domain(Error::new(
-                ErrorKind::ForkTargetExists,
-                format!("channel {fork_cid:?} already exists; fork into a new channel id"),
-            ));
-        }
-        let point = match load_message(&mut tx.tx, &req.message_id).await? {
-            Some((m, false))
-                if m.cid == source.cid
-                    && m.parent_id.is_none()
-                    && (m.kind == "regular" || m.kind == "system")
-                    && m.deleted_at.is_none()
-                    && !m.shadowed
-                    && source.truncated_at.is_none_or(|t| m.created_at > t) =>
-            {
-                m
-            }
-            _ => {
-                return domain(Error::input(format!(
-                    "message_id {:?} is not a visible top-level regular or system message of channel {:?}",
-                    req.message_id, source.cid
-                )));
-            }
-        };
-        if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
-            return domain(
-                Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id)),
-            );
-        }
-        let clash: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
-            .bind(source.cid.clone())
-            .bind(point.created_at)
-            .bind(point.id.clone())
-            .fetch_one(crate::counted(&mut *tx.tx))
-            .await?;
-        if clash > 0 {
-            return domain(Error::new(
-                ErrorKind::ForkPointAmbiguous,
-                format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
-            ));
-        }
-        let forks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE source_cid = $1 AND status <> 'failed'")
-            .bind(source.cid.clone())
-            .fetch_one(crate::counted(&mut *tx.tx))
-            .await?;
-        if forks >= plan::MAX_FORKS {
-            return domain(
-                Error::new(
-                    ErrorKind::TooManyForks,
-                    format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS),
-                )
-                .field("limit", plan::MAX_FORKS.to_string()),
-            );
-        }
-        let members = match &req.members {
-            Some(m) => m.clone(),
-            None => {
-                let ms = load_members(&mut tx.tx, &source.cid, plan::MAX_MEMBERS as i64 + 1, 0).await?;
-                if ms.len() > plan::MAX_MEMBERS {
-                    return domain(Error::input(format!(
-                        "channel {:?} has more than {} members; name the fork's members in channel.members",
-                        source.cid,
-                        plan::MAX_MEMBERS
-                    )));
-                }
-                ms.into_iter().map(|m| MemberInput { user_id: m.user_id, channel_role: Some(m.channel_role), custom: m.custom }).collect()
-            }
-        };
-
-        // The fork channel and its members.
-        let now = time::now();
-        let creator_id = req.created_by_id.clone().or_else(|| source.created_by_id.clone());
-        let creator = match &creator_id {
-            Some(id) => Some(ensure_user(&mut tx, &User::placeholder(id, "user")).await?),
-            None => None,
-        };
-        for m in &members {
-            ensure_user(&mut tx, &User::placeholder(&m.user_id, "user")).await?;
-        }
-        let new = NewChannel {
-            kind: kind.clone(),
-            id: req.target_id.clone(),
-            created_by_id: creator_id.clone(),
-            team: req.team.clone().or_else(|| source.team.clone()),
-            custom: {
-                let mut custom = req.custom.clone();
-                for key in &req.inherit_data {
-                    if let (Some(v), false) = (source.custom.get(key), custom.contains_key(key)) {
-                        custom.insert(key.clone(), v.clone());
-                    }
-                }
-                custom
-            },
-            members: Vec::new(),
-        };
-        if serde_json::to_vec(&new.custom)?.len() > plan::MAX_CUSTOM_BYTES {
-            return domain(Error::input(format!(
-                "the fork's channel data (with the inherited keys) would exceed {} bytes",
-                plan::MAX_CUSTOM_BYTES
-            )));
-        }
-        // Another request created the channel since we looked: `create_fork` looks again.
-        if !insert_channel_row(&mut tx, &fork_cid, &new, now).await? {
-            return Err(crate::StoreError::Conflict(format!("channel {fork_cid:?} was created concurrently")));
-        }
-        for m in &members {
-            let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
-            sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
-                .bind(fork_cid.clone())
-                .bind(m.user_id.clone())
-                .bind(role)
-                .bind(serde_json::to_string(&m.custom)?)
-                .bind(now)
-                .execute(crate::counted(&mut *tx.tx))
-                .await?;
-        }
-        let task_id = uuid::Uuid::now_v7().to_string();
-        sqlx::query("INSERT INTO fork (cid, source_cid, source_message_id, status, task_id, created_by_id, exclude_attachments, point_created_at, cursor_created_at, cursor_id, created_at, updated_at) VALUES ($1, $2, $3, 'backfilling', $4, $5, $6, $7, $7, $8, $9, $9)")
-            .bind(fork_cid.clone())
-            .bind(source.cid.clone())
-            .bind(point.id.clone())
-            .bind(task_id.clone())
-            .bind(creator_id.clone())
-            .bind(req.exclude_attachments)
-            .bind(point.created_at)
-            .bind(point.id.clone())
-            .bind(now)
-            .execute(crate::counted(&mut *tx.tx))
-            .await?;
-
-        // The newest page: up to 100 top-level messages up to the fork point and up to 100 of
-        // their replies, newest first.
-        let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
-        let top = fetch_sources(&mut tx.tx, format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
-        let mut replies = Vec::new();
-        if !top.is_empty() {
-            // The parents are the eligible page itself, so only the replies' own visibility is
-            // checked here; without `cid` in the filter the planner walks the parent_id index.
-            let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
-            b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
-            let sql = format!(
-                "SELECT {COPY_SOURCE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
-                 AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
-                 AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
-                placeholders(4, top.len()),
-                plan::PAGE_REPLIES
-            );
-            replies = fetch_sources(&mut tx.tx, sql, &b).await?;
-        }
-        let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
-        let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
-        page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
-        let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
-        let mut map = Map::new();
-        let (_, failure) = copy_messages(&mut tx, &fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
-        sqlx::query(
-            "UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2",
-        )
-        .bind(serde_json::to_string(&map)?)
-        .bind(fork_cid.clone())
-        .execute(crate::counted(&mut *tx.tx))
-        .await?;
-
-        // channel.created and notification.added_to_channel, once.
-        let channel = reload(&mut tx, &fork_cid).await?;
-        let mut ev = event_for("channel.created", &channel, creator.clone());
-        ev.channel = Some(channel.clone());
-        tx.event(ev, Audience { watchers_of: Some(fork_cid.clone()), users: Vec::new(), webhooks: true }).await?;
-        let member_rows = load_members(&mut tx.tx, &fork_cid, plan::MAX_MEMBERS as i64, 0).await?;
-        for m in member_rows {
-            let uid = m.user_id.clone();
-            let mut note: Event = event_for("notification.added_to_channel", &channel, creator.clone());
-            note.channel = Some(channel.clone());
-            note.member = Some(m);
-            tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false }).await?;
-        }
+        let source = forkable_source(&mut tx, req, &fork_cid).await?;
+        let point = validate_point(&mut tx, req, &source).await?;
+        let members = check_limits(&mut tx, req, &source).await?;
+        let creator = create_fork_channel(&mut tx, req, &source, &point, &fork_cid, &members).await?;
+        let (map, failure, nothing_left) = copy_newest_page(&mut tx, req, &source, &point, &fork_cid).await?;
+        announce_created(&mut tx, &fork_cid, creator).await?;
         let finished = failure.is_some() || nothing_left;
         match failure {
             Some(f) => finish(&mut tx, &fork_cid, Some(failure_reason(&f))).await?,
@@ -635,6 +428,255 @@ impl Store {
         Ok(ForkOutcome { fork, channel, message_id_map: map, created: true })
     }
 
+    /// A retry returns the existing fork; another fork under that id is a conflict.
+    async fn existing_fork(&self, mut tx: Tx, req: &ForkRequest, fork_cid: &str, existing: ForkRow) -> Result<ForkOutcome> {
+        let s = &existing.summary;
+        if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
+            let channel = reload(&mut tx, fork_cid).await?;
+            tx.commit(self).await?;
+            let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
+            return Ok(ForkOutcome { fork, channel, message_id_map: existing.first_page_map, created: false });
+        }
+        domain(
+            Error::new(
+                ErrorKind::ForkTargetConflict,
+                format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid),
+            )
+            .field("source_channel_cid", s.source_channel_cid.clone())
+            .field("source_message_id", s.source_message_id.clone()),
+        )
+    }
+}
+
+/// The source, if it may be forked (an agent channel, not deleted, not itself still copying)
+/// into `fork_cid`, which must not exist.
+async fn forkable_source(tx: &mut Tx, req: &ForkRequest, fork_cid: &str) -> Result<Channel> {
+    let Some(source) = load_channel(&mut tx.tx, &tx.cache, &req.source_cid).await? else {
+        return not_found(format!("channel {:?} does not exist", req.source_cid));
+    };
+    if source.deleted_at.is_some() {
+        return not_found(format!("channel {:?} was deleted", req.source_cid));
+    }
+    if source.kind != "agent" {
+        return domain(Error::input(format!("channel {:?} is not an agent channel; only agent channels can be forked", req.source_cid)));
+    }
+    if let Some(f) = &source.fork {
+        if f.status == ForkStatus::Backfilling {
+            return domain(Error::new(
+                ErrorKind::ForkInProgress,
+                format!("channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives", req.source_cid),
+            ));
+        }
+    }
+    if load_channel(&mut tx.tx, &tx.cache, fork_cid).await?.is_some() {
+        return domain(Error::new(ErrorKind::ForkTargetExists, format!("channel {fork_cid:?} already exists; fork into a new channel id")));
+    }
+    Ok(source)
+}
+
+/// The fork point: a visible top-level regular or system message of the source, finished when
+/// the request asks so, and the only visible message at its `created_at`.
+async fn validate_point(tx: &mut Tx, req: &ForkRequest, source: &Channel) -> Result<Message> {
+    let point = match load_message(&mut tx.tx, &req.message_id).await? {
+        Some((m, false))
+            if m.cid == source.cid
+                && m.parent_id.is_none()
+                && (m.kind == "regular" || m.kind == "system")
+                && m.deleted_at.is_none()
+                && !m.shadowed
+                && source.truncated_at.is_none_or(|t| m.created_at > t) =>
+        {
+            m
+        }
+        _ => {
+            return domain(Error::input(format!(
+                "message_id {:?} is not a visible top-level regular or system message of channel {:?}",
+                req.message_id, source.cid
+            )));
+        }
+    };
+    if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
+        return domain(
+            Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id)),
+        );
+    }
+    let clash: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
+        .bind(source.cid.clone())
+        .bind(point.created_at)
+        .bind(point.id.clone())
+        .fetch_one(crate::counted(&mut *tx.tx))
+        .await?;
+    if clash > 0 {
+        return domain(Error::new(
+            ErrorKind::ForkPointAmbiguous,
+            format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
+        ));
+    }
+    Ok(point)
+}
+
+/// The limits: forks per source, and the members the fork takes over (named, or the source's).
+async fn check_limits(tx: &mut Tx, req: &ForkRequest, source: &Channel) -> Result<Vec<MemberInput>> {
+    let forks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE source_cid = $1 AND status <> 'failed'")
+        .bind(source.cid.clone())
+        .fetch_one(crate::counted(&mut *tx.tx))
+        .await?;
+    if forks >= plan::MAX_FORKS {
+        return domain(
+            Error::new(
+                ErrorKind::TooManyForks,
+                format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS),
+            )
+            .field("limit", plan::MAX_FORKS.to_string()),
+        );
+    }
+    Ok(match &req.members {
+        Some(m) => m.clone(),
+        None => {
+            let ms = load_members(&mut tx.tx, &source.cid, plan::MAX_MEMBERS as i64 + 1, 0).await?;
+            if ms.len() > plan::MAX_MEMBERS {
+                return domain(Error::input(format!(
+                    "channel {:?} has more than {} members; name the fork's members in channel.members",
+                    source.cid,
+                    plan::MAX_MEMBERS
+                )));
+            }
+            ms.into_iter().map(|m| MemberInput { user_id: m.user_id, channel_role: Some(m.channel_role), custom: m.custom }).collect()
+        }
+    })
+}
+
+/// The fork channel, its members and its fork row (`backfilling`, cursor at the point).
+/// Returns the creator.
+async fn create_fork_channel(
+    tx: &mut Tx,
+    req: &ForkRequest,
+    source: &Channel,
+    point: &Message,
+    fork_cid: &str,
+    members: &[MemberInput],
+) -> Result<Option<User>> {
+    let now = time::now();
+    let creator_id = req.created_by_id.clone().or_else(|| source.created_by_id.clone());
+    let creator = match &creator_id {
+        Some(id) => Some(ensure_user(tx, &User::placeholder(id, "user")).await?),
+        None => None,
+    };
+    for m in members {
+        ensure_user(tx, &User::placeholder(&m.user_id, "user")).await?;
+    }
+    let new = NewChannel {
+        kind: source.kind.clone(),
+        id: req.target_id.clone(),
+        created_by_id: creator_id.clone(),
+        team: req.team.clone().or_else(|| source.team.clone()),
+        custom: {
+            let mut custom = req.custom.clone();
+            for key in &req.inherit_data {
+                if let (Some(v), false) = (source.custom.get(key), custom.contains_key(key)) {
+                    custom.insert(key.clone(), v.clone());
+                }
+            }
+            custom
+        },
+        members: Vec::new(),
+    };
+    if serde_json::to_vec(&new.custom)?.len() > plan::MAX_CUSTOM_BYTES {
+        return domain(Error::input(format!(
+            "the fork's channel data (with the inherited keys) would exceed {} bytes",
+            plan::MAX_CUSTOM_BYTES
+        )));
+    }
+    // Another request created the channel since we looked: `create_fork` looks again.
+    if !insert_channel_row(tx, fork_cid, &new, now).await? {
+        return Err(crate::StoreError::Conflict(format!("channel {fork_cid:?} was created concurrently")));
+    }
+    for m in members {
+        let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
+        sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
+            .bind(fork_cid.to_string())
+            .bind(m.user_id.clone())
+            .bind(role)
+            .bind(serde_json::to_string(&m.custom)?)
+            .bind(now)
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    let task_id = uuid::Uuid::now_v7().to_string();
+    sqlx::query("INSERT INTO fork (cid, source_cid, source_message_id, status, task_id, created_by_id, exclude_attachments, point_created_at, cursor_created_at, cursor_id, created_at, updated_at) VALUES ($1, $2, $3, 'backfilling', $4, $5, $6, $7, $7, $8, $9, $9)")
+        .bind(fork_cid.to_string())
+        .bind(source.cid.clone())
+        .bind(point.id.clone())
+        .bind(task_id.clone())
+        .bind(creator_id.clone())
+        .bind(req.exclude_attachments)
+        .bind(point.created_at)
+        .bind(point.id.clone())
+        .bind(now)
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok(creator)
+}
+
+/// The newest page: up to 100 top-level messages up to the fork point and up to 100 of their
+/// replies, newest first, with the page's id map recorded on the fork. Returns the map, why a
+/// copy failed (if one did) and whether nothing is left to copy.
+async fn copy_newest_page(
+    tx: &mut Tx,
+    req: &ForkRequest,
+    source: &Channel,
+    point: &Message,
+    fork_cid: &str,
+) -> Result<(Map<String, Value>, Option<CopyFailure>, bool)> {
+    let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
+    let top = fetch_sources(&mut tx.tx, format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
+    let mut replies = Vec::new();
+    if !top.is_empty() {
+        // The parents are the eligible page itself, so only the replies' own visibility is
+        // checked here; without `cid` in the filter the planner walks the parent_id index.
+        let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
+        b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
+        let sql = format!(
+            "SELECT {COPY_SOURCE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
+             AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
+             AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
+            placeholders(4, top.len()),
+            plan::PAGE_REPLIES
+        );
+        replies = fetch_sources(&mut tx.tx, sql, &b).await?;
+    }
+    let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
+    let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
+    page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+    let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+    let mut map = Map::new();
+    let (_, failure) = copy_messages(tx, fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
+    sqlx::query("UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2")
+        .bind(serde_json::to_string(&map)?)
+        .bind(fork_cid.to_string())
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok((map, failure, nothing_left))
+}
+
+/// `channel.created` for the fork and `notification.added_to_channel` for each member, once.
+async fn announce_created(tx: &mut Tx, fork_cid: &str, creator: Option<User>) -> Result<()> {
+    let channel = reload(tx, fork_cid).await?;
+    let mut ev = event_for("channel.created", &channel, creator.clone());
+    ev.channel = Some(channel.clone());
+    tx.event(ev, Audience { watchers_of: Some(fork_cid.to_string()), users: Vec::new(), webhooks: true }).await?;
+    let member_rows = load_members(&mut tx.tx, fork_cid, plan::MAX_MEMBERS as i64, 0).await?;
+    for m in member_rows {
+        let uid = m.user_id.clone();
+        let mut note: Event = event_for("notification.added_to_channel", &channel, creator.clone());
+        note.channel = Some(channel.clone());
+        note.member = Some(m);
+        tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false }).await?;
+    }
+    Ok(())
+}
+
+impl Store {
     /// Forks still copying, oldest first.
     pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
         Ok(sqlx::query_scalar("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
