@@ -701,16 +701,7 @@ impl Store {
     /// final status and whether it was truncated (for the metrics, recorded after the commit).
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
         let mut tx = self.begin().await?;
-        // The fork's channel row first (a message sent into the fork locks it too), then the
-        // fork row: one backfill page at a time per fork, across processes (crate doc).
-        lock_channel(&mut tx, fork_cid).await?;
-        if self.backend() == Backend::Postgres {
-            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE")
-                .bind(fork_cid.to_string())
-                .fetch_optional(crate::counted(&mut *tx.tx))
-                .await?;
-        }
-        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
+        let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok((BackfillStep::Done, None));
         }
@@ -723,72 +714,18 @@ impl Store {
             return Ok((BackfillStep::Done, Some((0, Some(summary)))));
         };
         let point = (f.point_created_at, f.summary.source_message_id.as_str());
-        let mut boundary = f.boundary.clone();
-        if !f.planned {
-            // The cap: the fork holds the newest MAX_COPIED eligible messages.
-            let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
-            let sql = format!(
-                "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
-                plan::MAX_COPIED - 1
-            );
-            boundary = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *tx.tx)).await?;
-            let truncated = match &boundary {
-                Some(b) => {
-                    let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
-                    let mut bb = binds.clone();
-                    bb.push(Bind::I(b.0));
-                    bb.push(Bind::S(b.1.clone()));
-                    sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *tx.tx)).await?.is_some()
-                }
-                None => false,
-            };
-            // With a boundary, exactly MAX_COPIED eligible messages lie at or after it.
-            let total = match &boundary {
-                Some(_) => plan::MAX_COPIED,
-                None => {
-                    let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
-                    let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
-                    sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *tx.tx)).await?
-                }
-            };
-            summary.truncated = truncated;
-            sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
-                .bind(true)
-                .bind(boundary.as_ref().map(|b| b.0))
-                .bind(boundary.as_ref().map(|b| b.1.clone()))
-                .bind(truncated)
-                .bind(total)
-                .bind(time::now())
-                .bind(fork_cid.to_string())
-                .execute(crate::counted(&mut *tx.tx))
-                .await?;
-        }
-        let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
-        let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
-        binds.push(Bind::I(cursor.0));
-        binds.push(Bind::S(cursor.1.clone()));
-        let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
-        let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
-        let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
-        let mut map = Map::new();
-        let (copied, failure) = copy_messages(&mut tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
-        if let Some(last) = page.last() {
-            sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
-                .bind(last.created_at)
-                .bind(last.id.clone())
-                .bind(fork_cid.to_string())
-                .bind(time::now())
-                .bind(copied)
-                .execute(crate::counted(&mut *tx.tx))
-                .await?;
-        }
+        let boundary = match f.planned {
+            true => f.boundary.clone(),
+            false => plan_backfill(&mut tx, fork_cid, &source, point, &mut summary).await?,
+        };
+        let (copied, failure, page_len) = copy_next_page(&mut tx, fork_cid, &source, &f, boundary.as_ref(), page_size).await?;
         let step = match failure {
             Some(f) => {
                 finish(&mut tx, fork_cid, Some(failure_reason(&f))).await?;
                 summary.status = ForkStatus::Failed;
                 BackfillStep::Done
             }
-            None if (page.len() as i64) < page_size.max(1) => {
+            None if (page_len as i64) < page_size.max(1) => {
                 finish(&mut tx, fork_cid, None).await?;
                 summary.status = ForkStatus::Completed;
                 BackfillStep::Done
@@ -809,15 +746,7 @@ impl Store {
 
     async fn fail_backfill_once(&self, fork_cid: &str, reason: &str) -> Result<bool> {
         let mut tx = self.begin().await?;
-        // The lock order of a backfill page: the fork's channel row, then the fork row.
-        lock_channel(&mut tx, fork_cid).await?;
-        if self.backend() == Backend::Postgres {
-            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE")
-                .bind(fork_cid.to_string())
-                .fetch_optional(crate::counted(&mut *tx.tx))
-                .await?;
-        }
-        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok(false) };
+        let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok(false) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok(false);
         }
@@ -895,4 +824,102 @@ impl Store {
             updated_at: s.updated_at,
         }))
     }
+}
+
+/// Plans a backfill on its first page: the cap boundary (the fork holds the newest
+/// `MAX_COPIED` eligible messages), whether that truncates the history, and the total; records
+/// them on the fork row and returns the boundary.
+async fn plan_backfill(
+    tx: &mut Tx,
+    fork_cid: &str,
+    source: &Channel,
+    point: (i64, &str),
+    summary: &mut ForkSummary,
+) -> Result<Option<(i64, String)>> {
+    // The cap: the fork holds the newest MAX_COPIED eligible messages.
+    let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+    let sql = format!(
+        "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
+        plan::MAX_COPIED - 1
+    );
+    let boundary: Option<(i64, String)> =
+        sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *tx.tx)).await?;
+    let truncated = match &boundary {
+        Some(b) => {
+            let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
+            let mut bb = binds.clone();
+            bb.push(Bind::I(b.0));
+            bb.push(Bind::S(b.1.clone()));
+            sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *tx.tx)).await?.is_some()
+        }
+        None => false,
+    };
+    // With a boundary, exactly MAX_COPIED eligible messages lie at or after it.
+    let total = match &boundary {
+        Some(_) => plan::MAX_COPIED,
+        None => {
+            let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+            let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
+            sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *tx.tx)).await?
+        }
+    };
+    summary.truncated = truncated;
+    sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
+        .bind(true)
+        .bind(boundary.as_ref().map(|b| b.0))
+        .bind(boundary.as_ref().map(|b| b.1.clone()))
+        .bind(truncated)
+        .bind(total)
+        .bind(time::now())
+        .bind(fork_cid.to_string())
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok(boundary)
+}
+
+/// Copies the page of up to `page_size` eligible messages below the cursor and moves the
+/// cursor past it. Returns the messages copied, why a copy failed (if one did) and the page's length.
+async fn copy_next_page(
+    tx: &mut Tx,
+    fork_cid: &str,
+    source: &Channel,
+    f: &ForkRow,
+    boundary: Option<&(i64, String)>,
+    page_size: i64,
+) -> Result<(i64, Option<CopyFailure>, usize)> {
+    let point = (f.point_created_at, f.summary.source_message_id.as_str());
+    let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
+    let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary);
+    binds.push(Bind::I(cursor.0));
+    binds.push(Bind::S(cursor.1.clone()));
+    let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
+    let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
+    let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+    let mut map = Map::new();
+    let (copied, failure) = copy_messages(tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
+    if let Some(last) = page.last() {
+        sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
+            .bind(last.created_at)
+            .bind(last.id.clone())
+            .bind(fork_cid.to_string())
+            .bind(time::now())
+            .bind(copied)
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    Ok((copied, failure, page.len()))
+}
+
+/// Locks a fork as a backfill page does and loads its row: the fork's channel row first (a
+/// message sent into the fork locks it too), then the fork row, so one page runs at a time per
+/// fork, across processes (crate doc, lock order).
+async fn lock_fork(tx: &mut Tx, fork_cid: &str) -> Result<Option<ForkRow>> {
+    lock_channel(tx, fork_cid).await?;
+    if tx.backend == Backend::Postgres {
+        sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE")
+            .bind(fork_cid.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    load_fork_row(&mut tx.tx, fork_cid).await
 }
