@@ -312,51 +312,11 @@ impl Store {
         Ok(ch)
     }
 
+    /// Query Channels: the channels `f` selects, in its order, each with its creator, fork
+    /// summary and type config (a fixed number of statements).
     pub async fn query_channels(&self, f: &ChannelFilter) -> Result<Vec<Channel>> {
-        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL");
         let mut b = SqlBuilder::new(self.backend(), Vec::new());
-        let list = |sql: &mut String, col: &str, values: &[String], b: &mut SqlBuilder| {
-            if values.is_empty() {
-                sql.push_str(" AND 1 = 0");
-                return;
-            }
-            let ps: Vec<String> = values.iter().map(|v| b.bind(Bind::S(v.clone()))).collect();
-            sql.push_str(&format!(" AND {col} IN ({})", ps.join(", ")));
-        };
-        if let Some(v) = &f.types {
-            list(&mut sql, "c.type", v, &mut b);
-        }
-        if let Some(v) = &f.cids {
-            list(&mut sql, "c.cid", v, &mut b);
-        }
-        if let Some(v) = &f.ids {
-            list(&mut sql, "c.id", v, &mut b);
-        }
-        if let Some(v) = &f.created_by_ids {
-            list(&mut sql, "c.created_by_id", v, &mut b);
-        }
-        if let Some(v) = &f.members_any {
-            let mut inner = String::new();
-            list(&mut inner, "mf.user_id", v, &mut b);
-            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mf WHERE mf.cid = c.cid{inner})"));
-        }
-        if let Some(v) = &f.members_all {
-            for uid in v {
-                let p = b.bind(Bind::S(uid.clone()));
-                sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = {p})"));
-            }
-        }
-        if let Some(uid) = &f.member_of {
-            let p = b.bind(Bind::S(uid.clone()));
-            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = {p})"));
-        }
-        if let Some(v) = &f.teams {
-            list(&mut sql, "c.team", v, &mut b);
-        }
-        if let Some(tree) = &f.filter {
-            let cond = channel_condition(&mut b, tree, f.user_id.as_deref())?;
-            sql.push_str(&format!(" AND {cond}"));
-        }
+        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL{}", filter_conditions(f, &mut b)?);
         let order = channel_order(&mut b, &f.sort);
         sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
@@ -424,6 +384,55 @@ impl Store {
         tx.commit(self).await?;
         Ok(now)
     }
+}
+
+/// The conditions of a Query Channels filter on channel alias `c`, each starting with ` AND`,
+/// their values bound in `b`.
+fn filter_conditions(f: &ChannelFilter, b: &mut SqlBuilder) -> Result<String> {
+    let mut sql = String::new();
+    let list = |sql: &mut String, col: &str, values: &[String], b: &mut SqlBuilder| {
+        if values.is_empty() {
+            sql.push_str(" AND 1 = 0");
+            return;
+        }
+        let ps: Vec<String> = values.iter().map(|v| b.bind(Bind::S(v.clone()))).collect();
+        sql.push_str(&format!(" AND {col} IN ({})", ps.join(", ")));
+    };
+    if let Some(v) = &f.types {
+        list(&mut sql, "c.type", v, b);
+    }
+    if let Some(v) = &f.cids {
+        list(&mut sql, "c.cid", v, b);
+    }
+    if let Some(v) = &f.ids {
+        list(&mut sql, "c.id", v, b);
+    }
+    if let Some(v) = &f.created_by_ids {
+        list(&mut sql, "c.created_by_id", v, b);
+    }
+    if let Some(v) = &f.members_any {
+        let mut inner = String::new();
+        list(&mut inner, "mf.user_id", v, b);
+        sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mf WHERE mf.cid = c.cid{inner})"));
+    }
+    if let Some(v) = &f.members_all {
+        for uid in v {
+            let p = b.bind(Bind::S(uid.clone()));
+            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = {p})"));
+        }
+    }
+    if let Some(uid) = &f.member_of {
+        let p = b.bind(Bind::S(uid.clone()));
+        sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = {p})"));
+    }
+    if let Some(v) = &f.teams {
+        list(&mut sql, "c.team", v, b);
+    }
+    if let Some(tree) = &f.filter {
+        let cond = channel_condition(b, tree, f.user_id.as_deref())?;
+        sql.push_str(&format!(" AND {cond}"));
+    }
+    Ok(sql)
 }
 
 trait WithChannel {
