@@ -307,10 +307,7 @@ impl Store {
         enforce_unique: bool,
         user: &User,
     ) -> Result<(Message, Reaction)> {
-        let mut tx = self.begin().await?;
-        let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
-            return not_found(format!("message with id {message_id:?} does not exist"));
-        };
+        let (mut tx, ch) = self.begin_on_message(message_id).await?;
         let user = ensure_user(&mut tx, user).await?;
         if enforce_unique {
             sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2")
@@ -339,10 +336,7 @@ impl Store {
     }
 
     async fn remove_reaction_once(&self, message_id: &str, kind: &str, user: &User) -> Result<(Message, Reaction)> {
-        let mut tx = self.begin().await?;
-        let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
-            return not_found(format!("message with id {message_id:?} does not exist"));
-        };
+        let (mut tx, ch) = self.begin_on_message(message_id).await?;
         let Some(removed) = load_reaction(&mut tx.tx, message_id, &user.id, kind).await? else {
             return not_found(format!("reaction {kind:?} of user {:?} on message {message_id:?} does not exist", user.id));
         };
@@ -356,6 +350,16 @@ impl Store {
         let (m, r) = self.reaction_event(&mut tx, &ch, message_id, user, kind, "reaction.deleted", Some(removed)).await?;
         tx.commit(self).await?;
         Ok((m, r))
+    }
+
+    /// Opens a reaction write: a transaction holding the lock of the message's channel (crate
+    /// doc, lock order), and that channel.
+    async fn begin_on_message(&self, message_id: &str) -> Result<(Tx, Channel)> {
+        let mut tx = self.begin().await?;
+        match lock_message(&mut tx, message_id).await? {
+            Some((ch, _)) => Ok((tx, ch)),
+            None => not_found(format!("message with id {message_id:?} does not exist")),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

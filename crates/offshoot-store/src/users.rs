@@ -286,22 +286,28 @@ impl Store {
 
 /// Inserts a new user; false when the id exists already (nothing is written then).
 async fn insert_user(tx: &mut crate::Tx, user: &User) -> Result<bool> {
-    let res = sqlx::query(
+    let q = sqlx::query(
         "INSERT INTO app_user (id, role, name, image, language, teams, custom, invisible, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(user.id.clone())
-    .bind(user.role.clone())
-    .bind(user.name.clone())
-    .bind(user.image.clone())
-    .bind(user.language.clone())
-    .bind(serde_json::to_string(&user.teams)?)
-    .bind(serde_json::to_string(&user.custom)?)
-    .bind(user.invisible)
-    .bind(user.created_at)
-    .execute(crate::counted(&mut *tx.tx))
-    .await?;
+    );
+    let res = bind_user_fields(q, user)?.bind(user.created_at).execute(crate::counted(&mut *tx.tx)).await?;
     Ok(res.rows_affected() == 1)
+}
+
+/// Binds `$1`…`$8` of a user write: the id and the fields an upsert or update may set, in the
+/// order both statements name them.
+fn bind_user_fields<'q>(
+    q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    user: &User,
+) -> Result<sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>> {
+    Ok(q.bind(user.id.clone())
+        .bind(user.role.clone())
+        .bind(user.name.clone())
+        .bind(user.image.clone())
+        .bind(user.language.clone())
+        .bind(serde_json::to_string(&user.teams)?)
+        .bind(serde_json::to_string(&user.custom)?)
+        .bind(user.invisible))
 }
 
 /// Reads a user and locks its row until the transaction ends.
@@ -316,20 +322,10 @@ async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
 /// Writes the fields a user update may change. Bans, `created_at` and `last_active` are
 /// written only by their own single statements, so no update can undo them.
 async fn update_user(tx: &mut crate::Tx, user: &User) -> Result<()> {
-    sqlx::query(
+    let q = sqlx::query(
         "UPDATE app_user SET role = $2, name = $3, image = $4, language = $5, teams = $6, custom = $7, invisible = $8, updated_at = $9 WHERE id = $1",
-    )
-    .bind(user.id.clone())
-    .bind(user.role.clone())
-    .bind(user.name.clone())
-    .bind(user.image.clone())
-    .bind(user.language.clone())
-    .bind(serde_json::to_string(&user.teams)?)
-    .bind(serde_json::to_string(&user.custom)?)
-    .bind(user.invisible)
-    .bind(user.updated_at)
-    .execute(crate::counted(&mut *tx.tx))
-    .await?;
+    );
+    bind_user_fields(q, user)?.bind(user.updated_at).execute(crate::counted(&mut *tx.tx)).await?;
     Ok(())
 }
 
