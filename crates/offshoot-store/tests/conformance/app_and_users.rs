@@ -261,17 +261,7 @@ async fn cached_settings_and_channel_types_follow_changes_made_here_and_in_anoth
 
         let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
         assert!(count_statements(other.app_settings()).await.1 > 0, "without its listener the other store reads the database");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let relay = tokio::spawn({
-            let other = other.clone();
-            async move {
-                other
-                    .relay_notifications(async {
-                        let _ = stopped.await;
-                    })
-                    .await
-            }
-        });
+        let (stop, relay) = crate::support::spawn_relay(&other);
         eventually(
             "the other store never served the settings from memory (its listener did not start)",
             || async {

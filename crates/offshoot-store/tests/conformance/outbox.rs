@@ -203,17 +203,7 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
     with_store(|ctx| async move {
         let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
         if ctx.store.backend() == offshoot_store::Backend::Postgres {
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let relay = tokio::spawn({
-                let other = other.clone();
-                async move {
-                    other
-                        .relay_notifications(async {
-                            let _ = stopped.await;
-                        })
-                        .await
-                }
-            });
+            let (stop, relay) = crate::support::spawn_relay(&other);
             let events = other.event_notify();
             // The listener connects in the background: publish until the other store hears
             // one, within a bounded time.

@@ -156,6 +156,21 @@ where
     }
 }
 
+/// Runs `store`'s notification relay (as a process does) until the returned sender is used
+/// or dropped; the handle ends when the relay has stopped.
+pub fn spawn_relay(store: &Store) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let store = store.clone();
+    let relay = tokio::spawn(async move {
+        store
+            .relay_notifications(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, relay)
+}
+
 // ---- races ----------------------------------------------------------------------------------
 
 /// Runs `contender(store, i)` for `i` in `0..n` at the same moment, each on a store of its own
