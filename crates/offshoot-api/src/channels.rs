@@ -13,7 +13,7 @@ use offshoot_core::model::{Audience, Channel, Event, NewMessage, User, Viewer, U
 use offshoot_core::query::{self, ChannelSortField, Sort};
 use offshoot_core::render;
 use offshoot_core::{ids, perm, time, Error};
-use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir};
+use offshoot_store::{ChannelFilter, ChannelState, ChannelUpdate, MemberInput, NewChannel, Page};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -57,12 +57,14 @@ pub(crate) async fn channel_state(
     page: &Page,
     member_limit: i64,
 ) -> Result<Map<String, Value>, Error> {
+    let state = st.store.channel_state(ch, &ctx.viewer, page, member_limit).await?;
+    Ok(render_state(st, ctx, ch, state))
+}
+
+/// A channel and its state as a channel query renders them.
+fn render_state(st: &ApiState, ctx: &Ctx, ch: &Channel, state: ChannelState) -> Map<String, Value> {
     let d = ctx.dialect;
-    let member = is_member(st, &ctx.viewer, &ch.cid).await?;
-    let messages = st.store.channel_messages(ch, &ctx.viewer, page).await?;
-    let pinned = st.store.pinned_messages(ch, &ctx.viewer, 10).await?;
-    let members = st.store.members(&ch.cid, member_limit, 0).await?;
-    let reads = st.store.member_read_states(ch, member_limit).await?;
+    let ChannelState { is_member: member, messages, pinned, members, reads } = state;
     let caps = perm::own_capabilities(&ctx.viewer, member, &ch.kind);
     let mut o = Map::new();
     o.insert("channel".into(), render::channel(d, ch, &caps));
@@ -96,7 +98,7 @@ pub(crate) async fn channel_state(
             o.insert("membership".into(), render::member(d, m));
         }
     }
-    Ok(o)
+    o
 }
 
 /// The body of a channel query (`POST /channels/{type}/{id}/query` and the distinct
@@ -660,10 +662,12 @@ pub async fn query_channels(
     let channels = st.store.query_channels(&f).await?;
     let msg_limit = body.message_limit.unwrap_or(DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT).clamp(0, 300);
     let member_limit = body.member_limit.unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
+    // Every channel's state in a fixed number of statements (the store's `channel_states`).
+    let states = st.store.channel_states(&channels, &ctx.viewer, msg_limit, member_limit).await?;
     let mut out = Vec::new();
-    for ch in &channels {
+    for (ch, state) in channels.iter().zip(states) {
         watch_if_asked(&st, &ctx, &q, &body.watch, &ch.cid).await?;
-        out.push(Value::Object(channel_state(&st, &ctx, ch, &Page { limit: msg_limit, dir: PageDir::Latest }, member_limit).await?));
+        out.push(Value::Object(render_state(&st, &ctx, ch, state)));
     }
     Ok(ctx.ok(json!({"channels": out})))
 }

@@ -1,16 +1,17 @@
 //! Channels and members.
 
-use crate::messages::{bind_all, insert_new_message, lock_channel, Bind};
+use crate::cache::ConfigCache;
+use crate::messages::{arguments, insert_new_message, lock_channel, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
-use crate::rows::{self, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
+use crate::rows::{self, placeholders, ChannelRow, ForkSummaryRow, MemberRow, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
 use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
-use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
+use std::collections::HashMap;
 
 #[derive(Debug, Clone, Default)]
 pub struct MemberInput {
@@ -44,12 +45,20 @@ pub struct ChannelUpdate {
 }
 
 /// One member's read state of a channel.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ReadState {
     pub user_id: String,
     pub last_read: i64,
     pub last_read_message_id: Option<String>,
     pub unread_messages: i64,
+}
+
+/// A member's stored read mark of a channel.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ReadMark {
+    pub user_id: String,
+    pub last_read: i64,
+    pub last_read_message_id: Option<String>,
 }
 
 /// Query Channels: every `Some` narrows the result.
@@ -95,14 +104,14 @@ pub(crate) fn to_watchers_and_hooks(cid: &str) -> Audience {
 impl Store {
     pub async fn get_channel(&self, cid: &str) -> Result<Option<Channel>> {
         let mut conn = self.pool().acquire().await?;
-        load_channel(&mut conn, cid).await
+        load_channel(&mut conn, &self.cache, cid).await
     }
 
     pub async fn is_member(&self, cid: &str, user_id: &str) -> Result<bool> {
-        let row: Option<AnyRow> = sqlx::query("SELECT user_id FROM member WHERE cid = $1 AND user_id = $2")
+        let row: Option<String> = sqlx::query_scalar("SELECT user_id FROM member WHERE cid = $1 AND user_id = $2")
             .bind(cid.to_string())
             .bind(user_id.to_string())
-            .fetch_optional(self.pool())
+            .fetch_optional(crate::counted(self.pool()))
             .await?;
         Ok(row.is_some())
     }
@@ -135,9 +144,9 @@ impl Store {
                 .bind(new.created_by_id.clone())
                 .bind(new.team.clone())
                 .bind(old.cid.clone())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
-            sqlx::query("DELETE FROM member WHERE cid = $1").bind(cid.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM member WHERE cid = $1").bind(cid.clone()).execute(crate::counted(&mut *tx.tx)).await?;
         } else if !insert_channel_row(&mut tx, &cid, new, now).await? {
             // Created by a concurrent request since we looked: that one wins, and it has
             // committed (the insert waited for it). Answer with its channel.
@@ -279,13 +288,13 @@ impl Store {
                 "DELETE FROM fork WHERE cid = $1",
                 "DELETE FROM channel WHERE cid = $1",
             ] {
-                sqlx::query(sql).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+                sqlx::query(sql).bind(cid.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
             }
         } else {
             sqlx::query("UPDATE channel SET deleted_at = $1, updated_at = $1 WHERE cid = $2")
                 .bind(now)
                 .bind(cid.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         ch.deleted_at = Some(now);
@@ -295,59 +304,18 @@ impl Store {
         Ok(ch)
     }
 
+    /// Query Channels: the channels `f` selects, in its order, each with its creator, fork
+    /// summary and type config (a fixed number of statements).
     pub async fn query_channels(&self, f: &ChannelFilter) -> Result<Vec<Channel>> {
-        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL");
         let mut b = SqlBuilder::new(self.backend(), Vec::new());
-        let list = |sql: &mut String, col: &str, values: &[String], b: &mut SqlBuilder| {
-            if values.is_empty() {
-                sql.push_str(" AND 1 = 0");
-                return;
-            }
-            let ps: Vec<String> = values.iter().map(|v| b.bind(Bind::S(v.clone()))).collect();
-            sql.push_str(&format!(" AND {col} IN ({})", ps.join(", ")));
-        };
-        if let Some(v) = &f.types {
-            list(&mut sql, "c.type", v, &mut b);
-        }
-        if let Some(v) = &f.cids {
-            list(&mut sql, "c.cid", v, &mut b);
-        }
-        if let Some(v) = &f.ids {
-            list(&mut sql, "c.id", v, &mut b);
-        }
-        if let Some(v) = &f.created_by_ids {
-            list(&mut sql, "c.created_by_id", v, &mut b);
-        }
-        if let Some(v) = &f.members_any {
-            let mut inner = String::new();
-            list(&mut inner, "mf.user_id", v, &mut b);
-            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mf WHERE mf.cid = c.cid{inner})"));
-        }
-        if let Some(v) = &f.members_all {
-            for uid in v {
-                let p = b.bind(Bind::S(uid.clone()));
-                sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = {p})"));
-            }
-        }
-        if let Some(uid) = &f.member_of {
-            let p = b.bind(Bind::S(uid.clone()));
-            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = {p})"));
-        }
-        if let Some(v) = &f.teams {
-            list(&mut sql, "c.team", v, &mut b);
-        }
-        if let Some(tree) = &f.filter {
-            let cond = channel_condition(&mut b, tree, f.user_id.as_deref())?;
-            sql.push_str(&format!(" AND {cond}"));
-        }
+        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL{}", filter_conditions(f, &mut b)?);
         let order = channel_order(&mut b, &f.sort);
         sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &b.binds).fetch_all(&mut *conn).await?;
-        let mut channels = rows.iter().map(rows::channel).collect::<Result<Vec<_>>>()?;
-        for ch in &mut channels {
-            hydrate_channel(&mut conn, ch).await?;
-        }
+        let rows: Vec<ChannelRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        let mut channels: Vec<Channel> = rows::all(rows);
+        hydrate_channels(&mut conn, &self.cache, &mut channels).await?;
         Ok(channels)
     }
 
@@ -355,26 +323,11 @@ impl Store {
     /// read has read up to when they joined; unread messages are counted by the rule of the
     /// `unread` module (kept in `member.unread_count`).
     pub async fn member_read_states(&self, ch: &Channel, limit: i64) -> Result<Vec<ReadState>> {
-        let rows: Vec<AnyRow> = sqlx::query(
-            "SELECT mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
-             mb.unread_count AS unread \
-             FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
-             WHERE mb.cid = $1 ORDER BY mb.created_at, mb.user_id LIMIT $2",
-        )
-        .bind(ch.cid.clone())
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(ReadState {
-                    user_id: rows::get_str(r, "user_id")?,
-                    last_read: rows::get_i64(r, "last_read")?,
-                    last_read_message_id: rows::get_opt_str(r, "last_read_message_id")?,
-                    unread_messages: rows::get_i64(r, "unread")?,
-                })
-            })
-            .collect()
+        Ok(sqlx::query_as(AssertSqlSafe(read_states_sql("$1", "$2")))
+            .bind(ch.cid.clone())
+            .bind(limit)
+            .fetch_all(crate::counted(self.pool()))
+            .await?)
     }
 
     /// A user's unread messages over every channel they are a member of, and in how many
@@ -390,16 +343,12 @@ impl Store {
         unread::counts_of_users(&mut conn, users).await
     }
 
-    /// Read state of a channel: (user_id, last_read, last_read_message_id).
-    pub async fn read_states(&self, cid: &str) -> Result<Vec<(String, i64, Option<String>)>> {
-        let rows: Vec<AnyRow> =
-            sqlx::query("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
-                .bind(cid.to_string())
-                .fetch_all(self.pool())
-                .await?;
-        rows.iter()
-            .map(|r| Ok((rows::get_str(r, "user_id")?, rows::get_i64(r, "last_read")?, rows::get_opt_str(r, "last_read_message_id")?)))
-            .collect()
+    /// The stored read marks of a channel, by user id.
+    pub async fn read_states(&self, cid: &str) -> Result<Vec<ReadMark>> {
+        Ok(sqlx::query_as("SELECT user_id, last_read, last_read_message_id FROM channel_read WHERE cid = $1 ORDER BY user_id")
+            .bind(cid.to_string())
+            .fetch_all(crate::counted(self.pool()))
+            .await?)
     }
 
     pub async fn mark_read(&self, cid: &str, user: &User, message_id: Option<&str>) -> Result<i64> {
@@ -417,7 +366,7 @@ impl Store {
             .bind(user.id.clone())
             .bind(now)
             .bind(message_id.map(str::to_string))
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         unread::clear(&mut tx, cid, &user.id).await?;
         tx.event(event_for("message.read", &ch, Some(user.clone())), to_watchers_and_hooks(cid)).await?;
@@ -434,6 +383,55 @@ impl Store {
     }
 }
 
+/// The conditions of a Query Channels filter on channel alias `c`, each starting with ` AND`,
+/// their values bound in `b`.
+fn filter_conditions(f: &ChannelFilter, b: &mut SqlBuilder) -> Result<String> {
+    let mut sql = String::new();
+    let list = |sql: &mut String, col: &str, values: &[String], b: &mut SqlBuilder| {
+        if values.is_empty() {
+            sql.push_str(" AND 1 = 0");
+            return;
+        }
+        let ps: Vec<String> = values.iter().map(|v| b.bind(Bind::S(v.clone()))).collect();
+        sql.push_str(&format!(" AND {col} IN ({})", ps.join(", ")));
+    };
+    if let Some(v) = &f.types {
+        list(&mut sql, "c.type", v, b);
+    }
+    if let Some(v) = &f.cids {
+        list(&mut sql, "c.cid", v, b);
+    }
+    if let Some(v) = &f.ids {
+        list(&mut sql, "c.id", v, b);
+    }
+    if let Some(v) = &f.created_by_ids {
+        list(&mut sql, "c.created_by_id", v, b);
+    }
+    if let Some(v) = &f.members_any {
+        let mut inner = String::new();
+        list(&mut inner, "mf.user_id", v, b);
+        sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mf WHERE mf.cid = c.cid{inner})"));
+    }
+    if let Some(v) = &f.members_all {
+        for uid in v {
+            let p = b.bind(Bind::S(uid.clone()));
+            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member ma WHERE ma.cid = c.cid AND ma.user_id = {p})"));
+        }
+    }
+    if let Some(uid) = &f.member_of {
+        let p = b.bind(Bind::S(uid.clone()));
+        sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = {p})"));
+    }
+    if let Some(v) = &f.teams {
+        list(&mut sql, "c.team", v, b);
+    }
+    if let Some(tree) = &f.filter {
+        let cond = channel_condition(b, tree, f.user_id.as_deref())?;
+        sql.push_str(&format!(" AND {cond}"));
+    }
+    Ok(sql)
+}
+
 trait WithChannel {
     fn with_channel(self, ch: &Channel) -> Self;
 }
@@ -448,12 +446,12 @@ impl WithChannel for Event {
 /// a channel or its members or messages (crate doc, lock order).
 pub(crate) async fn lock_and_load(tx: &mut Tx, cid: &str) -> Result<Option<Channel>> {
     lock_channel(tx, cid).await?;
-    load_channel(&mut tx.tx, cid).await
+    load_channel(&mut tx.tx, &tx.cache, cid).await
 }
 
 /// The channel as this transaction sees it now; it holds the channel's lock, so it exists.
 pub(crate) async fn reload(tx: &mut Tx, cid: &str) -> Result<Channel> {
-    match load_channel(&mut tx.tx, cid).await? {
+    match load_channel(&mut tx.tx, &tx.cache, cid).await? {
         Some(ch) => Ok(ch),
         None => not_found(format!("channel {cid:?} does not exist")),
     }
@@ -471,7 +469,7 @@ pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel,
     .bind(new.team.clone())
     .bind(serde_json::to_string(&new.custom)?)
     .bind(now)
-    .execute(&mut *tx.tx)
+    .execute(crate::counted(&mut *tx.tx))
     .await?;
     Ok(res.rows_affected() == 1)
 }
@@ -484,7 +482,7 @@ async fn write_channel_fields(tx: &mut Tx, ch: &Channel) -> Result<()> {
         .bind(ch.disabled)
         .bind(time::now())
         .bind(ch.cid.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
     Ok(())
 }
@@ -512,7 +510,7 @@ pub(crate) async fn add_members_tx(tx: &mut Tx, ch: &Channel, members: &[MemberI
             .bind(role.clone())
             .bind(serde_json::to_string(&m.custom)?)
             .bind(now)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if res.rows_affected() == 0 {
             continue;
@@ -548,7 +546,7 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
         let res = sqlx::query("DELETE FROM member WHERE cid = $1 AND user_id = $2")
             .bind(ch.cid.clone())
             .bind(uid.clone())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if res.rows_affected() == 0 {
             continue;
@@ -574,46 +572,68 @@ pub(crate) async fn remove_members_tx(tx: &mut Tx, ch: &Channel, user_ids: &[Str
     Ok(())
 }
 
-/// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
-pub(crate) async fn load_channel(conn: &mut AnyConnection, cid: &str) -> Result<Option<Channel>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
-        .bind(cid.to_string())
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let mut ch = rows::channel(&row)?;
-    hydrate_channel(conn, &mut ch).await?;
-    Ok(Some(ch))
+/// The statement of [`Store::member_read_states`] (with the member's `cid` too), its
+/// placeholders named: the channel's cid and the limit. Unread counts are the members'
+/// counters (`unread` module).
+pub(crate) fn read_states_sql(cid: &str, limit: &str) -> String {
+    format!(
+        "SELECT mb.cid AS cid, mb.user_id AS user_id, COALESCE(r.last_read, mb.created_at) AS last_read, r.last_read_message_id AS last_read_message_id, \
+         mb.unread_count AS unread_messages \
+         FROM member mb LEFT JOIN channel_read r ON r.cid = mb.cid AND r.user_id = mb.user_id \
+         WHERE mb.cid = {cid} ORDER BY mb.created_at, mb.user_id LIMIT {limit}"
+    )
 }
 
-pub(crate) async fn hydrate_channel(conn: &mut AnyConnection, ch: &mut Channel) -> Result<()> {
-    if let Some(id) = &ch.created_by_id {
-        ch.created_by = load_users(conn, std::slice::from_ref(id)).await?.remove(id);
-    }
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid = $1")))
-        .bind(ch.cid.clone())
-        .fetch_optional(&mut *conn)
+/// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
+pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, cid: &str) -> Result<Option<Channel>> {
+    let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
+        .bind(cid.to_string())
+        .fetch_optional(crate::counted(&mut *conn))
         .await?;
-    ch.fork = row.as_ref().map(rows::fork).transpose()?;
-    let row: Option<AnyRow> =
-        sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
-            .bind(ch.kind.clone())
-            .fetch_optional(&mut *conn)
-            .await?;
-    ch.config = row.as_ref().map(rows::channel_type).transpose()?;
+    let mut channels: Vec<Channel> = row.into_iter().map(Channel::from).collect();
+    hydrate_channels(conn, cache, &mut channels).await?;
+    Ok(channels.pop())
+}
+
+/// Fills the creators, fork summaries and type configs of channels: two statements (types
+/// come from the cache), whatever their number.
+pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {
+    if channels.is_empty() {
+        return Ok(());
+    }
+    let creator_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
+    let creators = load_users(conn, &creator_ids).await?;
+    let mut forks: HashMap<String, ForkSummary> = HashMap::new();
+    for chunk in channels.chunks(500) {
+        let sql = format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, ForkSummaryRow>(AssertSqlSafe(sql));
+        for ch in chunk.iter() {
+            q = q.bind(ch.cid.clone());
+        }
+        for row in q.fetch_all(crate::counted(&mut *conn)).await? {
+            let fork = ForkSummary::try_from(row)?;
+            forks.insert(fork.channel_cid.clone(), fork);
+        }
+    }
+    let types = cache.types(conn).await?;
+    for ch in channels.iter_mut() {
+        ch.created_by = ch.created_by_id.as_ref().and_then(|id| creators.get(id).cloned());
+        ch.fork = forks.remove(&ch.cid);
+        ch.config = types.get(&ch.kind).cloned();
+    }
     Ok(())
 }
 
 pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {
-    let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+    let rows: Vec<MemberRow> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT {MEMBER_COLS} FROM member WHERE cid = $1 ORDER BY created_at, user_id LIMIT $2 OFFSET $3"
     )))
     .bind(cid.to_string())
     .bind(limit)
     .bind(offset)
-    .fetch_all(&mut *conn)
+    .fetch_all(crate::counted(&mut *conn))
     .await?;
-    let mut members = rows.iter().map(rows::member).collect::<Result<Vec<_>>>()?;
+    let mut members: Vec<Member> = rows::all(rows);
     let ids: Vec<String> = members.iter().map(|m| m.user_id.clone()).collect();
     let users = load_users(conn, &ids).await?;
     for m in &mut members {

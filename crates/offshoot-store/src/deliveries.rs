@@ -1,11 +1,9 @@
 //! Dead-lettered webhook deliveries: what the worker gave up on, with the body it sent, so an
 //! admin can list and replay them. Deliveries still being tried live in the job queue.
 
-use crate::rows::{get_i64, get_str};
 use crate::{Result, Store};
 use offshoot_core::jobs::DeadLetter;
 use offshoot_core::time;
-use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 
 /// A dead letter and the exact body that was sent (and is sent again on replay).
@@ -17,20 +15,35 @@ pub struct DeadLetterRecord {
 
 const COLS: &str = "id, url, event_type, event_seq, body, attempts, last_error, first_attempt_at, created_at";
 
-fn record(r: &AnyRow) -> Result<DeadLetterRecord> {
-    Ok(DeadLetterRecord {
-        letter: DeadLetter {
-            id: get_str(r, "id")?,
-            url: get_str(r, "url")?,
-            event_type: get_str(r, "event_type")?,
-            event_seq: get_i64(r, "event_seq")?,
-            attempts: get_i64(r, "attempts")?,
-            last_error: get_str(r, "last_error")?,
-            first_attempt_at: get_i64(r, "first_attempt_at")?,
-            created_at: get_i64(r, "created_at")?,
-        },
-        body: get_str(r, "body")?,
-    })
+#[derive(sqlx::FromRow)]
+struct DeadLetterRow {
+    id: String,
+    url: String,
+    event_type: String,
+    event_seq: i64,
+    body: String,
+    attempts: i64,
+    last_error: String,
+    first_attempt_at: i64,
+    created_at: i64,
+}
+
+impl From<DeadLetterRow> for DeadLetterRecord {
+    fn from(r: DeadLetterRow) -> DeadLetterRecord {
+        DeadLetterRecord {
+            letter: DeadLetter {
+                id: r.id,
+                url: r.url,
+                event_type: r.event_type,
+                event_seq: r.event_seq,
+                attempts: r.attempts,
+                last_error: r.last_error,
+                first_attempt_at: r.first_attempt_at,
+                created_at: r.created_at,
+            },
+            body: r.body,
+        }
+    }
 }
 
 impl Store {
@@ -54,21 +67,21 @@ impl Store {
         .bind(d.letter.last_error.clone())
         .bind(d.letter.first_attempt_at)
         .bind(now)
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
         tx.commit(self).await
     }
 
     /// Dead letters, newest first.
     pub async fn dead_letters(&self, limit: i64, offset: i64) -> Result<Vec<DeadLetterRecord>> {
-        let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+        let rows: Vec<DeadLetterRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {COLS} FROM webhook_dead_letter ORDER BY created_at DESC, id DESC LIMIT $1 OFFSET $2"
         )))
         .bind(limit)
         .bind(offset)
-        .fetch_all(self.pool())
+        .fetch_all(crate::counted(self.pool()))
         .await?;
-        rows.iter().map(record).collect()
+        Ok(crate::rows::all(rows))
     }
 
     /// The dead letters with these ids (unknown ids are left out).
@@ -79,13 +92,11 @@ impl Store {
                 "SELECT {COLS} FROM webhook_dead_letter WHERE id IN ({}) ORDER BY created_at, id",
                 crate::rows::placeholders(1, chunk.len())
             );
-            let mut q = sqlx::query(AssertSqlSafe(sql));
+            let mut q = sqlx::query_as::<_, DeadLetterRow>(AssertSqlSafe(sql));
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            for row in q.fetch_all(self.pool()).await? {
-                out.push(record(&row)?);
-            }
+            out.extend(q.fetch_all(crate::counted(self.pool())).await?.into_iter().map(DeadLetterRecord::from));
         }
         Ok(out)
     }
@@ -100,20 +111,18 @@ impl Store {
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            n += q.execute(&mut *tx.tx).await?.rows_affected();
+            n += q.execute(crate::counted(&mut *tx.tx)).await?.rows_affected();
             tx.commit(self).await?;
         }
         Ok(n)
     }
 
     pub async fn count_dead_letters(&self) -> Result<i64> {
-        let row: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM webhook_dead_letter").fetch_one(self.pool()).await?;
-        get_i64(&row, "n")
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM webhook_dead_letter").fetch_one(crate::counted(self.pool())).await?)
     }
 
     /// Forks that ended `failed` (the backfill queue's dead letters).
     pub async fn count_failed_forks(&self) -> Result<i64> {
-        let row: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE status = 'failed'").fetch_one(self.pool()).await?;
-        get_i64(&row, "n")
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE status = 'failed'").fetch_one(crate::counted(self.pool())).await?)
     }
 }

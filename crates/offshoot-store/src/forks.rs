@@ -2,15 +2,14 @@
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
 use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
-use crate::messages::{bind_all, ensure_user, load_message, lock_channel, Bind};
-use crate::rows::{self, placeholders, FORK_COLS};
+use crate::messages::{arguments, ensure_user, load_message, lock_channel, Bind};
+use crate::rows::{placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
-use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Task, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Message, Task, User};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use serde_json::{json, Map, Value};
-use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
 use std::collections::HashMap;
 
@@ -69,24 +68,45 @@ struct ForkRow {
     first_page_map: Map<String, Value>,
 }
 
+/// The fork table's row as stored: the summary and the backfill's own state.
+#[derive(sqlx::FromRow)]
+struct ForkStateRow {
+    #[sqlx(flatten)]
+    summary: ForkSummaryRow,
+    exclude_attachments: Flag,
+    point_created_at: i64,
+    planned: Flag,
+    boundary_created_at: Option<i64>,
+    boundary_id: Option<String>,
+    cursor_created_at: Option<i64>,
+    cursor_id: Option<String>,
+    first_page_map: Json<Map<String, Value>>,
+}
+
+impl TryFrom<ForkStateRow> for ForkRow {
+    type Error = crate::StoreError;
+
+    fn try_from(r: ForkStateRow) -> Result<ForkRow> {
+        Ok(ForkRow {
+            summary: r.summary.try_into()?,
+            exclude_attachments: r.exclude_attachments.0,
+            point_created_at: r.point_created_at,
+            planned: r.planned.0,
+            boundary: r.boundary_created_at.zip(r.boundary_id),
+            cursor: r.cursor_created_at.zip(r.cursor_id),
+            first_page_map: r.first_page_map.0,
+        })
+    }
+}
+
 async fn load_fork_row(conn: &mut AnyConnection, cid: &str) -> Result<Option<ForkRow>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+    let row: Option<ForkStateRow> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT {FORK_COLS}, f.exclude_attachments, f.point_created_at, f.planned, f.boundary_created_at, f.boundary_id, f.cursor_created_at, f.cursor_id, f.first_page_map FROM fork f WHERE f.cid = $1"
     )))
     .bind(cid.to_string())
-    .fetch_optional(&mut *conn)
+    .fetch_optional(crate::counted(&mut *conn))
     .await?;
-    let Some(r) = row else { return Ok(None) };
-    let pair = |a: Option<i64>, b: Option<String>| a.zip(b);
-    Ok(Some(ForkRow {
-        summary: rows::fork(&r)?,
-        exclude_attachments: rows::get_bool(&r, "exclude_attachments")?,
-        point_created_at: rows::get_i64(&r, "point_created_at")?,
-        planned: rows::get_bool(&r, "planned")?,
-        boundary: pair(rows::get_opt_i64(&r, "boundary_created_at")?, rows::get_opt_str(&r, "boundary_id")?),
-        cursor: pair(rows::get_opt_i64(&r, "cursor_created_at")?, rows::get_opt_str(&r, "cursor_id")?),
-        first_page_map: rows::get_json(&r, "first_page_map")?,
-    }))
+    row.map(ForkRow::try_from).transpose()
 }
 
 /// Why a copy could not be made.
@@ -111,24 +131,41 @@ struct CopySource {
 const COPY_SOURCE_COLS: &str =
     "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments, m.reply_count";
 
-fn copy_source(row: &AnyRow) -> Result<CopySource> {
-    let attachments = rows::get_str(row, "attachments")?;
-    Ok(CopySource {
-        id: rows::get_str(row, "id")?,
-        parent_id: rows::get_opt_str(row, "parent_id")?,
-        quoted_message_id: rows::get_opt_str(row, "quoted_message_id")?,
-        created_at: rows::get_i64(row, "created_at")?,
-        text_chars: rows::get_i64(row, "text_chars")?,
-        // Stored custom data is the serialised object itself, so its length is its size.
-        custom_bytes: rows::get_str(row, "custom")?.len(),
-        attachments: if attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&attachments)?.len() },
-        has_replies: rows::get_i64(row, "reply_count")? > 0,
-    })
+/// The columns of [`COPY_SOURCE_COLS`]; custom data and attachments stay text, since only
+/// their sizes are needed.
+#[derive(sqlx::FromRow)]
+struct CopySourceRow {
+    id: String,
+    parent_id: Option<String>,
+    quoted_message_id: Option<String>,
+    created_at: i64,
+    text_chars: i64,
+    custom: String,
+    attachments: String,
+    reply_count: i64,
+}
+
+impl TryFrom<CopySourceRow> for CopySource {
+    type Error = crate::StoreError;
+
+    fn try_from(r: CopySourceRow) -> Result<CopySource> {
+        Ok(CopySource {
+            id: r.id,
+            parent_id: r.parent_id,
+            quoted_message_id: r.quoted_message_id,
+            created_at: r.created_at,
+            text_chars: r.text_chars,
+            // Stored custom data is the serialised object itself, so its length is its size.
+            custom_bytes: r.custom.len(),
+            attachments: if r.attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&r.attachments)?.len() },
+            has_replies: r.reply_count > 0,
+        })
+    }
 }
 
 async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
-    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), binds).fetch_all(&mut *conn).await?;
-    rows.iter().map(copy_source).collect()
+    let rows: Vec<CopySourceRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+    rows.into_iter().map(CopySource::try_from).collect()
 }
 
 /// `n` placeholders starting at `$first`: `?` on SQLite (which resolves `$n` names by a linear
@@ -157,12 +194,12 @@ async fn copy_messages(
     let mut taken: HashMap<String, (String, Option<String>)> = HashMap::new();
     for chunk in copy_ids.chunks(500) {
         let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(backend, 1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let mut q = sqlx::query_as::<_, (String, String, Option<String>)>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *tx.tx).await? {
-            taken.insert(rows::get_str(&row, "id")?, (rows::get_str(&row, "cid")?, rows::get_opt_str(&row, "source_message_id")?));
+        for (id, cid, source_id) in q.fetch_all(crate::counted(&mut *tx.tx)).await? {
+            taken.insert(id, (cid, source_id));
         }
     }
     // (source id, copy id, parent copy id, quoted copy id)
@@ -214,7 +251,7 @@ async fn copy_messages(
         for (src, copy, parent, quoted) in chunk {
             q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
         // Restricted visibility rows of the copies (few messages have any).
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 1 + i * 2, 2))).collect();
         let sql = format!(
@@ -226,7 +263,7 @@ async fn copy_messages(
         for (src, copy, _, _) in chunk {
             q = q.bind(src.clone()).bind(copy.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     let copied = plan.len() as i64;
     for (src, copy, parent, _) in plan {
@@ -246,14 +283,14 @@ async fn copy_messages(
         for id in chunk {
             q = q.bind(id.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     if copied > 0 {
         sqlx::query("UPDATE channel SET message_count = message_count + $1, last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $2 THEN $2 ELSE last_message_at END WHERE cid = $3")
             .bind(copied)
             .bind(newest)
             .bind(fork_cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
     }
     Ok((copied, failure))
@@ -281,13 +318,15 @@ fn eligible_binds(source_cid: &str, truncated_at: Option<i64>, point: (i64, &str
 /// Writes `channel.forked` on the source (watchers and webhooks) and on the fork (watchers and
 /// its first 100 members, WebSocket only; webhooks too when the source is gone or deleted).
 async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
-    let Some(fork_ch) = load_channel(&mut tx.tx, fork_cid).await? else { return not_found(format!("fork {fork_cid:?} does not exist")) };
+    let Some(fork_ch) = load_channel(&mut tx.tx, &tx.cache, fork_cid).await? else {
+        return not_found(format!("fork {fork_cid:?} does not exist"));
+    };
     let Some(summary) = fork_ch.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
     let user = match &summary.created_by_id {
         Some(id) => load_users(&mut tx.tx, std::slice::from_ref(id)).await?.remove(id),
         None => None,
     };
-    let source = load_channel(&mut tx.tx, &summary.source_channel_cid).await?;
+    let source = load_channel(&mut tx.tx, &tx.cache, &summary.source_channel_cid).await?;
     let source_gone = source.as_ref().is_none_or(|s| s.deleted_at.is_some());
     if let Some(src) = &source {
         let mut ev = event_for("channel.forked", src, user.clone());
@@ -307,12 +346,12 @@ async fn announce_forked(tx: &mut Tx, fork_cid: &str) -> Result<()> {
 /// Whether the agent is still writing `message_id` in `cid`: its AI state (kept by
 /// [`Store::publish`] from `ai_indicator.update` / `.clear` / `.stop`) is a generating one.
 async fn still_generating(conn: &mut AnyConnection, cid: &str, message_id: &str) -> Result<bool> {
-    let row: Option<AnyRow> = sqlx::query("SELECT state FROM ai_state WHERE cid = $1 AND message_id = $2")
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM ai_state WHERE cid = $1 AND message_id = $2")
         .bind(cid.to_string())
         .bind(message_id.to_string())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(crate::counted(&mut *conn))
         .await?;
-    let state = row.map(|r| rows::get_str(&r, "state")).transpose()?.unwrap_or_default();
+    let state = state.unwrap_or_default();
     Ok(!matches!(state.as_str(), "AI_STATE_ERROR" | "AI_STATE_IDLE" | ""))
 }
 
@@ -330,7 +369,7 @@ async fn finish(tx: &mut Tx, fork_cid: &str, failed: Option<&str>) -> Result<()>
     .bind(failed.map(str::to_string))
     .bind(now)
     .bind(fork_cid.to_string())
-    .execute(&mut *tx.tx)
+    .execute(crate::counted(&mut *tx.tx))
     .await?;
     announce_forked(tx, fork_cid).await
 }
@@ -353,230 +392,23 @@ impl Store {
         Ok(outcome)
     }
 
+    /// The steps of the fork document (`docs/fork.md`), in one transaction under the source's
+    /// lock: a retry finds the fork it made; otherwise validate the point, check the limits,
+    /// create the channel, copy the newest page, announce.
     async fn create_fork_once(&self, req: &ForkRequest) -> Result<ForkOutcome> {
         let mut tx = self.begin().await?;
         lock_channel(&mut tx, &req.source_cid).await?;
         let (kind, _) = ids::parse_cid(&req.source_cid)?;
         let fork_cid = ids::cid(&kind, &req.target_id);
-
-        // A retry returns the existing fork; another fork under that id is a conflict.
         if let Some(existing) = load_fork_row(&mut tx.tx, &fork_cid).await? {
-            let s = &existing.summary;
-            if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
-                let channel = reload(&mut tx, &fork_cid).await?;
-                tx.commit(self).await?;
-                let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
-                return Ok(ForkOutcome { fork, channel, message_id_map: existing.first_page_map, created: false });
-            }
-            return domain(
-                Error::new(
-                    ErrorKind::ForkTargetConflict,
-                    format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid),
-                )
-                .field("source_channel_cid", s.source_channel_cid.clone())
-                .field("source_message_id", s.source_message_id.clone()),
-            );
+            return self.existing_fork(tx, req, &fork_cid, existing).await;
         }
-
-        let Some(source) = load_channel(&mut tx.tx, &req.source_cid).await? else {
-            return not_found(format!("channel {:?} does not exist", req.source_cid));
-        };
-        if source.deleted_at.is_some() {
-            return not_found(format!("channel {:?} was deleted", req.source_cid));
-        }
-        if source.kind != "agent" {
-            return domain(Error::input(format!(
-                "channel {:?} is not an agent channel; only agent channels can be forked",
-                req.source_cid
-            )));
-        }
-        if let Some(f) = &source.fork {
-            if f.status == ForkStatus::Backfilling {
-                return domain(Error::new(
-                    ErrorKind::ForkInProgress,
-                    format!(
-                        "channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives",
-                        req.source_cid
-                    ),
-                ));
-            }
-        }
-        if load_channel(&mut tx.tx, &fork_cid).await?.is_some() {
-            return domain(Error::new(
-                ErrorKind::ForkTargetExists,
-                format!("channel {fork_cid:?} already exists; fork into a new channel id"),
-            ));
-        }
-        let point = match load_message(&mut tx.tx, &req.message_id).await? {
-            Some((m, false))
-                if m.cid == source.cid
-                    && m.parent_id.is_none()
-                    && (m.kind == "regular" || m.kind == "system")
-                    && m.deleted_at.is_none()
-                    && !m.shadowed
-                    && source.truncated_at.is_none_or(|t| m.created_at > t) =>
-            {
-                m
-            }
-            _ => {
-                return domain(Error::input(format!(
-                    "message_id {:?} is not a visible top-level regular or system message of channel {:?}",
-                    req.message_id, source.cid
-                )));
-            }
-        };
-        if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
-            return domain(
-                Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id)),
-            );
-        }
-        let clash: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
-            .bind(source.cid.clone())
-            .bind(point.created_at)
-            .bind(point.id.clone())
-            .fetch_one(&mut *tx.tx)
-            .await?;
-        if rows::get_i64(&clash, "n")? > 0 {
-            return domain(Error::new(
-                ErrorKind::ForkPointAmbiguous,
-                format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
-            ));
-        }
-        let forks: AnyRow = sqlx::query("SELECT COUNT(*) AS n FROM fork WHERE source_cid = $1 AND status <> 'failed'")
-            .bind(source.cid.clone())
-            .fetch_one(&mut *tx.tx)
-            .await?;
-        if rows::get_i64(&forks, "n")? >= plan::MAX_FORKS {
-            return domain(
-                Error::new(
-                    ErrorKind::TooManyForks,
-                    format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS),
-                )
-                .field("limit", plan::MAX_FORKS.to_string()),
-            );
-        }
-        let members = match &req.members {
-            Some(m) => m.clone(),
-            None => {
-                let ms = load_members(&mut tx.tx, &source.cid, plan::MAX_MEMBERS as i64 + 1, 0).await?;
-                if ms.len() > plan::MAX_MEMBERS {
-                    return domain(Error::input(format!(
-                        "channel {:?} has more than {} members; name the fork's members in channel.members",
-                        source.cid,
-                        plan::MAX_MEMBERS
-                    )));
-                }
-                ms.into_iter().map(|m| MemberInput { user_id: m.user_id, channel_role: Some(m.channel_role), custom: m.custom }).collect()
-            }
-        };
-
-        // The fork channel and its members.
-        let now = time::now();
-        let creator_id = req.created_by_id.clone().or_else(|| source.created_by_id.clone());
-        let creator = match &creator_id {
-            Some(id) => Some(ensure_user(&mut tx, &User::placeholder(id, "user")).await?),
-            None => None,
-        };
-        for m in &members {
-            ensure_user(&mut tx, &User::placeholder(&m.user_id, "user")).await?;
-        }
-        let new = NewChannel {
-            kind: kind.clone(),
-            id: req.target_id.clone(),
-            created_by_id: creator_id.clone(),
-            team: req.team.clone().or_else(|| source.team.clone()),
-            custom: {
-                let mut custom = req.custom.clone();
-                for key in &req.inherit_data {
-                    if let (Some(v), false) = (source.custom.get(key), custom.contains_key(key)) {
-                        custom.insert(key.clone(), v.clone());
-                    }
-                }
-                custom
-            },
-            members: Vec::new(),
-        };
-        if serde_json::to_vec(&new.custom)?.len() > plan::MAX_CUSTOM_BYTES {
-            return domain(Error::input(format!(
-                "the fork's channel data (with the inherited keys) would exceed {} bytes",
-                plan::MAX_CUSTOM_BYTES
-            )));
-        }
-        // Another request created the channel since we looked: `create_fork` looks again.
-        if !insert_channel_row(&mut tx, &fork_cid, &new, now).await? {
-            return Err(crate::StoreError::Conflict(format!("channel {fork_cid:?} was created concurrently")));
-        }
-        for m in &members {
-            let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
-            sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
-                .bind(fork_cid.clone())
-                .bind(m.user_id.clone())
-                .bind(role)
-                .bind(serde_json::to_string(&m.custom)?)
-                .bind(now)
-                .execute(&mut *tx.tx)
-                .await?;
-        }
-        let task_id = uuid::Uuid::now_v7().to_string();
-        sqlx::query("INSERT INTO fork (cid, source_cid, source_message_id, status, task_id, created_by_id, exclude_attachments, point_created_at, cursor_created_at, cursor_id, created_at, updated_at) VALUES ($1, $2, $3, 'backfilling', $4, $5, $6, $7, $7, $8, $9, $9)")
-            .bind(fork_cid.clone())
-            .bind(source.cid.clone())
-            .bind(point.id.clone())
-            .bind(task_id.clone())
-            .bind(creator_id.clone())
-            .bind(req.exclude_attachments)
-            .bind(point.created_at)
-            .bind(point.id.clone())
-            .bind(now)
-            .execute(&mut *tx.tx)
-            .await?;
-
-        // The newest page: up to 100 top-level messages up to the fork point and up to 100 of
-        // their replies, newest first.
-        let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
-        let top = fetch_sources(&mut tx.tx, format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
-        let mut replies = Vec::new();
-        if !top.is_empty() {
-            // The parents are the eligible page itself, so only the replies' own visibility is
-            // checked here; without `cid` in the filter the planner walks the parent_id index.
-            let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
-            b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
-            let sql = format!(
-                "SELECT {COPY_SOURCE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
-                 AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
-                 AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
-                placeholders(4, top.len()),
-                plan::PAGE_REPLIES
-            );
-            replies = fetch_sources(&mut tx.tx, sql, &b).await?;
-        }
-        let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
-        let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
-        page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
-        let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
-        let mut map = Map::new();
-        let (_, failure) = copy_messages(&mut tx, &fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
-        sqlx::query(
-            "UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2",
-        )
-        .bind(serde_json::to_string(&map)?)
-        .bind(fork_cid.clone())
-        .execute(&mut *tx.tx)
-        .await?;
-
-        // channel.created and notification.added_to_channel, once.
-        let channel = reload(&mut tx, &fork_cid).await?;
-        let mut ev = event_for("channel.created", &channel, creator.clone());
-        ev.channel = Some(channel.clone());
-        tx.event(ev, Audience { watchers_of: Some(fork_cid.clone()), users: Vec::new(), webhooks: true, ..Default::default() }).await?;
-        let member_rows = load_members(&mut tx.tx, &fork_cid, plan::MAX_MEMBERS as i64, 0).await?;
-        for m in member_rows {
-            let uid = m.user_id.clone();
-            let mut note: Event = event_for("notification.added_to_channel", &channel, creator.clone());
-            note.channel = Some(channel.clone());
-            note.member = Some(m);
-            tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false, ..Default::default() }).await?;
-        }
+        let source = forkable_source(&mut tx, req, &fork_cid).await?;
+        let point = validate_point(&mut tx, req, &source).await?;
+        let members = check_limits(&mut tx, req, &source).await?;
+        let creator = create_fork_channel(&mut tx, req, &source, &point, &fork_cid, &members).await?;
+        let (map, failure, nothing_left) = copy_newest_page(&mut tx, req, &source, &point, &fork_cid).await?;
+        announce_created(&mut tx, &fork_cid, creator).await?;
         let finished = failure.is_some() || nothing_left;
         match failure {
             Some(f) => finish(&mut tx, &fork_cid, Some(failure_reason(&f))).await?,
@@ -585,29 +417,279 @@ impl Store {
         }
         if finished {
             // Finished synchronously: there is no background task.
-            sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1").bind(fork_cid.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("UPDATE fork SET task_id = NULL WHERE cid = $1")
+                .bind(fork_cid.clone())
+                .execute(crate::counted(&mut *tx.tx))
+                .await?;
         }
         let channel = reload(&mut tx, &fork_cid).await?;
-        tx.started_fork = !finished;
         tx.commit(self).await?;
         let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
         Ok(ForkOutcome { fork, channel, message_id_map: map, created: true })
     }
 
+    /// A retry returns the existing fork; another fork under that id is a conflict.
+    async fn existing_fork(&self, mut tx: Tx, req: &ForkRequest, fork_cid: &str, existing: ForkRow) -> Result<ForkOutcome> {
+        let s = &existing.summary;
+        if s.source_channel_cid == req.source_cid && s.source_message_id == req.message_id {
+            let channel = reload(&mut tx, fork_cid).await?;
+            tx.commit(self).await?;
+            let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
+            return Ok(ForkOutcome { fork, channel, message_id_map: existing.first_page_map, created: false });
+        }
+        domain(
+            Error::new(
+                ErrorKind::ForkTargetConflict,
+                format!("channel {fork_cid:?} is already a fork of message {:?} of {:?}", s.source_message_id, s.source_channel_cid),
+            )
+            .field("source_channel_cid", s.source_channel_cid.clone())
+            .field("source_message_id", s.source_message_id.clone()),
+        )
+    }
+}
+
+/// The source, if it may be forked (an agent channel, not deleted, not itself still copying)
+/// into `fork_cid`, which must not exist.
+async fn forkable_source(tx: &mut Tx, req: &ForkRequest, fork_cid: &str) -> Result<Channel> {
+    let Some(source) = load_channel(&mut tx.tx, &tx.cache, &req.source_cid).await? else {
+        return not_found(format!("channel {:?} does not exist", req.source_cid));
+    };
+    if source.deleted_at.is_some() {
+        return not_found(format!("channel {:?} was deleted", req.source_cid));
+    }
+    if source.kind != "agent" {
+        return domain(Error::input(format!("channel {:?} is not an agent channel; only agent channels can be forked", req.source_cid)));
+    }
+    if let Some(f) = &source.fork {
+        if f.status == ForkStatus::Backfilling {
+            return domain(Error::new(
+                ErrorKind::ForkInProgress,
+                format!("channel {:?} is a fork whose history is still being copied; fork it once channel.forked arrives", req.source_cid),
+            ));
+        }
+    }
+    if load_channel(&mut tx.tx, &tx.cache, fork_cid).await?.is_some() {
+        return domain(Error::new(ErrorKind::ForkTargetExists, format!("channel {fork_cid:?} already exists; fork into a new channel id")));
+    }
+    Ok(source)
+}
+
+/// The fork point: a visible top-level regular or system message of the source, finished when
+/// the request asks so, and the only visible message at its `created_at`.
+async fn validate_point(tx: &mut Tx, req: &ForkRequest, source: &Channel) -> Result<Message> {
+    let point = match load_message(&mut tx.tx, &req.message_id).await? {
+        Some((m, false))
+            if m.cid == source.cid
+                && m.parent_id.is_none()
+                && (m.kind == "regular" || m.kind == "system")
+                && m.deleted_at.is_none()
+                && !m.shadowed
+                && source.truncated_at.is_none_or(|t| m.created_at > t) =>
+        {
+            m
+        }
+        _ => {
+            return domain(Error::input(format!(
+                "message_id {:?} is not a visible top-level regular or system message of channel {:?}",
+                req.message_id, source.cid
+            )));
+        }
+    };
+    if req.require_finished && still_generating(&mut tx.tx, &source.cid, &point.id).await? {
+        return domain(
+            Error::new(ErrorKind::ForkPointGenerating, format!("message {:?} is still being generated (an ai_indicator.update without ai_indicator.clear); fork it once the answer is finished", point.id)),
+        );
+    }
+    let clash: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM message m WHERE m.cid = $1 AND m.created_at = $2 AND m.id <> $3 AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE")
+        .bind(source.cid.clone())
+        .bind(point.created_at)
+        .bind(point.id.clone())
+        .fetch_one(crate::counted(&mut *tx.tx))
+        .await?;
+    if clash > 0 {
+        return domain(Error::new(
+            ErrorKind::ForkPointAmbiguous,
+            format!("another visible message has the same created_at as {:?}, so the fork point is ambiguous", point.id),
+        ));
+    }
+    Ok(point)
+}
+
+/// The limits: forks per source, and the members the fork takes over (named, or the source's).
+async fn check_limits(tx: &mut Tx, req: &ForkRequest, source: &Channel) -> Result<Vec<MemberInput>> {
+    let forks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM fork WHERE source_cid = $1 AND status <> 'failed'")
+        .bind(source.cid.clone())
+        .fetch_one(crate::counted(&mut *tx.tx))
+        .await?;
+    if forks >= plan::MAX_FORKS {
+        return domain(
+            Error::new(
+                ErrorKind::TooManyForks,
+                format!("channel {:?} already has {} forks that did not fail", source.cid, plan::MAX_FORKS),
+            )
+            .field("limit", plan::MAX_FORKS.to_string()),
+        );
+    }
+    Ok(match &req.members {
+        Some(m) => m.clone(),
+        None => {
+            let ms = load_members(&mut tx.tx, &source.cid, plan::MAX_MEMBERS as i64 + 1, 0).await?;
+            if ms.len() > plan::MAX_MEMBERS {
+                return domain(Error::input(format!(
+                    "channel {:?} has more than {} members; name the fork's members in channel.members",
+                    source.cid,
+                    plan::MAX_MEMBERS
+                )));
+            }
+            ms.into_iter().map(|m| MemberInput { user_id: m.user_id, channel_role: Some(m.channel_role), custom: m.custom }).collect()
+        }
+    })
+}
+
+/// The fork channel, its members and its fork row (`backfilling`, cursor at the point).
+/// Returns the creator.
+async fn create_fork_channel(
+    tx: &mut Tx,
+    req: &ForkRequest,
+    source: &Channel,
+    point: &Message,
+    fork_cid: &str,
+    members: &[MemberInput],
+) -> Result<Option<User>> {
+    let now = time::now();
+    let creator_id = req.created_by_id.clone().or_else(|| source.created_by_id.clone());
+    let creator = match &creator_id {
+        Some(id) => Some(ensure_user(tx, &User::placeholder(id, "user")).await?),
+        None => None,
+    };
+    for m in members {
+        ensure_user(tx, &User::placeholder(&m.user_id, "user")).await?;
+    }
+    let new = NewChannel {
+        kind: source.kind.clone(),
+        id: req.target_id.clone(),
+        created_by_id: creator_id.clone(),
+        team: req.team.clone().or_else(|| source.team.clone()),
+        custom: {
+            let mut custom = req.custom.clone();
+            for key in &req.inherit_data {
+                if let (Some(v), false) = (source.custom.get(key), custom.contains_key(key)) {
+                    custom.insert(key.clone(), v.clone());
+                }
+            }
+            custom
+        },
+        members: Vec::new(),
+    };
+    if serde_json::to_vec(&new.custom)?.len() > plan::MAX_CUSTOM_BYTES {
+        return domain(Error::input(format!(
+            "the fork's channel data (with the inherited keys) would exceed {} bytes",
+            plan::MAX_CUSTOM_BYTES
+        )));
+    }
+    // Another request created the channel since we looked: `create_fork` looks again.
+    if !insert_channel_row(tx, fork_cid, &new, now).await? {
+        return Err(crate::StoreError::Conflict(format!("channel {fork_cid:?} was created concurrently")));
+    }
+    for m in members {
+        let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
+        sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
+            .bind(fork_cid.to_string())
+            .bind(m.user_id.clone())
+            .bind(role)
+            .bind(serde_json::to_string(&m.custom)?)
+            .bind(now)
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    let task_id = uuid::Uuid::now_v7().to_string();
+    sqlx::query("INSERT INTO fork (cid, source_cid, source_message_id, status, task_id, created_by_id, exclude_attachments, point_created_at, cursor_created_at, cursor_id, created_at, updated_at) VALUES ($1, $2, $3, 'backfilling', $4, $5, $6, $7, $7, $8, $9, $9)")
+        .bind(fork_cid.to_string())
+        .bind(source.cid.clone())
+        .bind(point.id.clone())
+        .bind(task_id.clone())
+        .bind(creator_id.clone())
+        .bind(req.exclude_attachments)
+        .bind(point.created_at)
+        .bind(point.id.clone())
+        .bind(now)
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok(creator)
+}
+
+/// The newest page: up to 100 top-level messages up to the fork point and up to 100 of their
+/// replies, newest first, with the page's id map recorded on the fork. Returns the map, why a
+/// copy failed (if one did) and whether nothing is left to copy.
+async fn copy_newest_page(
+    tx: &mut Tx,
+    req: &ForkRequest,
+    source: &Channel,
+    point: &Message,
+    fork_cid: &str,
+) -> Result<(Map<String, Value>, Option<CopyFailure>, bool)> {
+    let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
+    let top = fetch_sources(&mut tx.tx, format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
+    let mut replies = Vec::new();
+    if !top.is_empty() {
+        // The parents are the eligible page itself, so only the replies' own visibility is
+        // checked here; without `cid` in the filter the planner walks the parent_id index.
+        let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
+        b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
+        let sql = format!(
+            "SELECT {COPY_SOURCE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
+             AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
+             AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
+            placeholders(4, top.len()),
+            plan::PAGE_REPLIES
+        );
+        replies = fetch_sources(&mut tx.tx, sql, &b).await?;
+    }
+    let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
+    let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
+    page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+    let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+    let mut map = Map::new();
+    let (_, failure) = copy_messages(tx, fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
+    sqlx::query("UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2")
+        .bind(serde_json::to_string(&map)?)
+        .bind(fork_cid.to_string())
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok((map, failure, nothing_left))
+}
+
+/// `channel.created` for the fork and `notification.added_to_channel` for each member, once.
+async fn announce_created(tx: &mut Tx, fork_cid: &str, creator: Option<User>) -> Result<()> {
+    let channel = reload(tx, fork_cid).await?;
+    let mut ev = event_for("channel.created", &channel, creator.clone());
+    ev.channel = Some(channel.clone());
+    tx.event(ev, Audience { watchers_of: Some(fork_cid.to_string()), users: Vec::new(), webhooks: true, ..Default::default() }).await?;
+    let member_rows = load_members(&mut tx.tx, fork_cid, plan::MAX_MEMBERS as i64, 0).await?;
+    for m in member_rows {
+        let uid = m.user_id.clone();
+        let mut note: Event = event_for("notification.added_to_channel", &channel, creator.clone());
+        note.channel = Some(channel.clone());
+        note.member = Some(m);
+        tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false, ..Default::default() }).await?;
+    }
+    Ok(())
+}
+
+impl Store {
     /// Forks still copying, oldest first.
     pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
-        let rows: Vec<AnyRow> =
-            sqlx::query("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid").fetch_all(self.pool()).await?;
-        rows.iter().map(|r| rows::get_str(r, "cid")).collect()
+        Ok(sqlx::query_scalar("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
+            .fetch_all(crate::counted(self.pool()))
+            .await?)
     }
 
     /// Every backfilling fork with the time its row last changed (each committed page moves
     /// it): the worker's reconciler tells a backfill that makes progress from a stalled one.
     pub async fn backfilling_progress(&self) -> Result<Vec<(String, i64)>> {
-        let rows: Vec<AnyRow> = sqlx::query("SELECT cid, updated_at FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
-            .fetch_all(self.pool())
-            .await?;
-        rows.iter().map(|r| Ok((rows::get_str(r, "cid")?, rows::get_i64(r, "updated_at")?))).collect()
+        Ok(sqlx::query_as("SELECT cid, updated_at FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
+            .fetch_all(crate::counted(self.pool()))
+            .await?)
     }
 
     /// Copies the next page of a backfilling fork, in one transaction with its cursor.
@@ -627,18 +709,12 @@ impl Store {
     /// final status and whether it was truncated (for the metrics, recorded after the commit).
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
         let mut tx = self.begin().await?;
-        // The fork's channel row first (a message sent into the fork locks it too), then the
-        // fork row: one backfill page at a time per fork, across processes (crate doc).
-        lock_channel(&mut tx, fork_cid).await?;
-        if self.backend() == Backend::Postgres {
-            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
-        }
-        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
+        let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok((BackfillStep::Done, None));
         }
         let mut summary = f.summary.clone();
-        let Some(source) = load_channel(&mut tx.tx, &f.summary.source_channel_cid).await? else {
+        let Some(source) = load_channel(&mut tx.tx, &tx.cache, &f.summary.source_channel_cid).await? else {
             // A hard-deleted source ends the backfill with what was copied.
             finish(&mut tx, fork_cid, None).await?;
             tx.commit(self).await?;
@@ -646,74 +722,18 @@ impl Store {
             return Ok((BackfillStep::Done, Some((0, Some(summary)))));
         };
         let point = (f.point_created_at, f.summary.source_message_id.as_str());
-        let mut boundary = f.boundary.clone();
-        if !f.planned {
-            // The cap: the fork holds the newest MAX_COPIED eligible messages.
-            let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
-            let sql = format!(
-                "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
-                plan::MAX_COPIED - 1
-            );
-            let row: Option<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_optional(&mut *tx.tx).await?;
-            boundary = row.map(|r| Ok::<_, crate::StoreError>((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?))).transpose()?;
-            let truncated = match &boundary {
-                Some(b) => {
-                    let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
-                    let mut bb = binds.clone();
-                    bb.push(Bind::I(b.0));
-                    bb.push(Bind::S(b.1.clone()));
-                    bind_all(sqlx::query(AssertSqlSafe(sql)), &bb).fetch_optional(&mut *tx.tx).await?.is_some()
-                }
-                None => false,
-            };
-            // With a boundary, exactly MAX_COPIED eligible messages lie at or after it.
-            let total = match &boundary {
-                Some(_) => plan::MAX_COPIED,
-                None => {
-                    let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
-                    let sql = format!("SELECT COUNT(*) AS n FROM message m WHERE {ELIGIBLE}");
-                    let row: AnyRow = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_one(&mut *tx.tx).await?;
-                    rows::get_i64(&row, "n")?
-                }
-            };
-            summary.truncated = truncated;
-            sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
-                .bind(true)
-                .bind(boundary.as_ref().map(|b| b.0))
-                .bind(boundary.as_ref().map(|b| b.1.clone()))
-                .bind(truncated)
-                .bind(total)
-                .bind(time::now())
-                .bind(fork_cid.to_string())
-                .execute(&mut *tx.tx)
-                .await?;
-        }
-        let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
-        let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary.as_ref());
-        binds.push(Bind::I(cursor.0));
-        binds.push(Bind::S(cursor.1.clone()));
-        let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
-        let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
-        let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
-        let mut map = Map::new();
-        let (copied, failure) = copy_messages(&mut tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
-        if let Some(last) = page.last() {
-            sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
-                .bind(last.created_at)
-                .bind(last.id.clone())
-                .bind(fork_cid.to_string())
-                .bind(time::now())
-                .bind(copied)
-                .execute(&mut *tx.tx)
-                .await?;
-        }
+        let boundary = match f.planned {
+            true => f.boundary.clone(),
+            false => plan_backfill(&mut tx, fork_cid, &source, point, &mut summary).await?,
+        };
+        let (copied, failure, page_len) = copy_next_page(&mut tx, fork_cid, &source, &f, boundary.as_ref(), page_size).await?;
         let step = match failure {
             Some(f) => {
                 finish(&mut tx, fork_cid, Some(failure_reason(&f))).await?;
                 summary.status = ForkStatus::Failed;
                 BackfillStep::Done
             }
-            None if (page.len() as i64) < page_size.max(1) => {
+            None if (page_len as i64) < page_size.max(1) => {
                 finish(&mut tx, fork_cid, None).await?;
                 summary.status = ForkStatus::Completed;
                 BackfillStep::Done
@@ -734,12 +754,7 @@ impl Store {
 
     async fn fail_backfill_once(&self, fork_cid: &str, reason: &str) -> Result<bool> {
         let mut tx = self.begin().await?;
-        // The lock order of a backfill page: the fork's channel row, then the fork row.
-        lock_channel(&mut tx, fork_cid).await?;
-        if self.backend() == Backend::Postgres {
-            sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE").bind(fork_cid.to_string()).fetch_optional(&mut *tx.tx).await?;
-        }
-        let Some(f) = load_fork_row(&mut tx.tx, fork_cid).await? else { return Ok(false) };
+        let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok(false) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok(false);
         }
@@ -756,12 +771,12 @@ impl Store {
                 "SELECT id, source_message_id FROM message WHERE cid = $1 AND source_message_id IN ({})",
                 placeholders(2, chunk.len())
             );
-            let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
+            let mut q = sqlx::query_as::<_, (String, String)>(AssertSqlSafe(sql)).bind(fork_cid.to_string());
             for id in chunk {
                 q = q.bind(id.clone());
             }
-            for row in q.fetch_all(self.pool()).await? {
-                out.insert(rows::get_str(&row, "source_message_id")?, Value::String(rows::get_str(&row, "id")?));
+            for (copy_id, source_id) in q.fetch_all(crate::counted(self.pool())).await? {
+                out.insert(source_id, Value::String(copy_id));
             }
         }
         Ok(out)
@@ -769,23 +784,24 @@ impl Store {
 
     /// Forks of a channel, newest first.
     pub async fn list_forks(&self, source_cid: &str, limit: i64, offset: i64) -> Result<Vec<ForkSummary>> {
-        let rows: Vec<AnyRow> = sqlx::query(AssertSqlSafe(format!(
+        let rows: Vec<ForkSummaryRow> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT {FORK_COLS} FROM fork f WHERE f.source_cid = $1 ORDER BY f.created_at DESC, f.cid DESC LIMIT $2 OFFSET $3"
         )))
         .bind(source_cid.to_string())
         .bind(limit)
         .bind(offset)
-        .fetch_all(self.pool())
+        .fetch_all(crate::counted(self.pool()))
         .await?;
-        rows.iter().map(rows::fork).collect()
+        rows.into_iter().map(ForkSummary::try_from).collect()
     }
 
     /// The task behind a fork's backfill, in Stream's task shape.
     pub async fn task(&self, task_id: &str) -> Result<Option<Task>> {
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT cid FROM fork WHERE task_id = $1").bind(task_id.to_string()).fetch_optional(self.pool()).await?;
-        let Some(row) = row else { return Ok(None) };
-        let cid = rows::get_str(&row, "cid")?;
+        let cid: Option<String> = sqlx::query_scalar("SELECT cid FROM fork WHERE task_id = $1")
+            .bind(task_id.to_string())
+            .fetch_optional(crate::counted(self.pool()))
+            .await?;
+        let Some(cid) = cid else { return Ok(None) };
         let mut conn = self.pool().acquire().await?;
         let Some(f) = load_fork_row(&mut conn, &cid).await? else { return Ok(None) };
         let s = f.summary;
@@ -816,4 +832,102 @@ impl Store {
             updated_at: s.updated_at,
         }))
     }
+}
+
+/// Plans a backfill on its first page: the cap boundary (the fork holds the newest
+/// `MAX_COPIED` eligible messages), whether that truncates the history, and the total; records
+/// them on the fork row and returns the boundary.
+async fn plan_backfill(
+    tx: &mut Tx,
+    fork_cid: &str,
+    source: &Channel,
+    point: (i64, &str),
+    summary: &mut ForkSummary,
+) -> Result<Option<(i64, String)>> {
+    // The cap: the fork holds the newest MAX_COPIED eligible messages.
+    let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+    let sql = format!(
+        "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
+        plan::MAX_COPIED - 1
+    );
+    let boundary: Option<(i64, String)> =
+        sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *tx.tx)).await?;
+    let truncated = match &boundary {
+        Some(b) => {
+            let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
+            let mut bb = binds.clone();
+            bb.push(Bind::I(b.0));
+            bb.push(Bind::S(b.1.clone()));
+            sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *tx.tx)).await?.is_some()
+        }
+        None => false,
+    };
+    // With a boundary, exactly MAX_COPIED eligible messages lie at or after it.
+    let total = match &boundary {
+        Some(_) => plan::MAX_COPIED,
+        None => {
+            let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+            let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
+            sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *tx.tx)).await?
+        }
+    };
+    summary.truncated = truncated;
+    sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
+        .bind(true)
+        .bind(boundary.as_ref().map(|b| b.0))
+        .bind(boundary.as_ref().map(|b| b.1.clone()))
+        .bind(truncated)
+        .bind(total)
+        .bind(time::now())
+        .bind(fork_cid.to_string())
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok(boundary)
+}
+
+/// Copies the page of up to `page_size` eligible messages below the cursor and moves the
+/// cursor past it. Returns the messages copied, why a copy failed (if one did) and the page's length.
+async fn copy_next_page(
+    tx: &mut Tx,
+    fork_cid: &str,
+    source: &Channel,
+    f: &ForkRow,
+    boundary: Option<&(i64, String)>,
+    page_size: i64,
+) -> Result<(i64, Option<CopyFailure>, usize)> {
+    let point = (f.point_created_at, f.summary.source_message_id.as_str());
+    let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
+    let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary);
+    binds.push(Bind::I(cursor.0));
+    binds.push(Bind::S(cursor.1.clone()));
+    let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
+    let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
+    let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+    let mut map = Map::new();
+    let (copied, failure) = copy_messages(tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
+    if let Some(last) = page.last() {
+        sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
+            .bind(last.created_at)
+            .bind(last.id.clone())
+            .bind(fork_cid.to_string())
+            .bind(time::now())
+            .bind(copied)
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    Ok((copied, failure, page.len()))
+}
+
+/// Locks a fork as a backfill page does and loads its row: the fork's channel row first (a
+/// message sent into the fork locks it too), then the fork row, so one page runs at a time per
+/// fork, across processes (crate doc, lock order).
+async fn lock_fork(tx: &mut Tx, fork_cid: &str) -> Result<Option<ForkRow>> {
+    lock_channel(tx, fork_cid).await?;
+    if tx.backend == Backend::Postgres {
+        sqlx::query("SELECT cid FROM fork WHERE cid = $1 FOR UPDATE")
+            .bind(fork_cid.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    load_fork_row(&mut tx.tx, fork_cid).await
 }

@@ -2,11 +2,22 @@
 //! scale-out backend), chosen from the database URL at start-up, with the migrations of each
 //! and the transactional event outbox.
 //!
-//! Both backends share one implementation: the schema is the same on both sides (text, bigint
-//! and boolean columns only), so every statement is written once with `$n` placeholders, which
-//! both drivers accept. The few places where the engines differ (row locks, outbox ordering,
-//! write serialisation on SQLite) branch on [`Backend`]. Two copies of every query would drift;
-//! the conformance suite (`tests/conformance.rs`) runs every method on both backends.
+//! Both backends share one implementation: the two migration folders build the same tables,
+//! columns, nullability, primary keys and indexes, with text, bigint and flag columns only, so
+//! every statement is written once with `$n` placeholders, which both drivers accept. The few
+//! places where the engines differ (row locks, outbox ordering, write serialisation on SQLite)
+//! branch on [`Backend`]. Two copies of every query would drift; the conformance suite
+//! (`tests/conformance.rs`) runs every method on both backends, and its `schema` test compares
+//! the schemas the two folders build.
+//!
+//! **Where the schemas differ, and why.** Flags are `BOOLEAN` on PostgreSQL and `INTEGER` 0/1
+//! on SQLite: sqlx's `Any` driver maps a SQLite column by its declared type and has no mapping
+//! for a declared `BOOLEAN` (every read of such a column fails), so SQLite keeps `INTEGER`
+//! and one decoder (`rows::Flag`) reads both. The outbox's `seq` is `BIGSERIAL` on PostgreSQL
+//! and `INTEGER PRIMARY KEY AUTOINCREMENT` on SQLite (its auto-increment form). JSON is text on
+//! both (`Any` has no JSON type) and is decoded by `rows::Json`. Rows decode into named
+//! `sqlx::FromRow` structs (`rows.rs`) through `Any`, which knows booleans, integers, floats,
+//! text and blobs only.
 //!
 //! # Concurrent writers
 //!
@@ -40,7 +51,9 @@
 //! This crate may depend on `offshoot-core` and sqlx; it must not depend on axum, the API, the
 //! worker or the WebSocket crates.
 
+mod cache;
 mod channels;
+mod counted;
 mod deliveries;
 mod directory;
 mod events;
@@ -49,19 +62,24 @@ mod messages;
 mod ops;
 mod query;
 mod rows;
+mod state;
 mod unread;
 mod users;
 
-pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadState};
+pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMark, ReadState};
+pub use counted::count_statements;
+pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
+pub use state::ChannelState;
 pub use unread::UnreadCounts;
 pub use users::{UserInput, UserPatch};
 
+use offshoot_core::model::AppSettings;
 use offshoot_core::{Error, ErrorKind};
-use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Executor, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
@@ -213,9 +231,9 @@ pub struct Store {
     write_lock: Option<Arc<Mutex<()>>>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
-    /// Woken when a fork starts backfilling.
-    forks: Arc<Notify>,
     url: Arc<str>,
+    /// App settings and channel types (`cache.rs`).
+    cache: Arc<cache::ConfigCache>,
 }
 
 /// A write transaction. Events are collected while it runs and written to the outbox when it
@@ -225,7 +243,7 @@ pub(crate) struct Tx {
     pub(crate) tx: Transaction<'static, Any>,
     backend: Backend,
     events: Vec<(offshoot_core::model::Event, offshoot_core::model::Audience)>,
-    pub(crate) started_fork: bool,
+    pub(crate) cache: Arc<cache::ConfigCache>,
     _guard: Option<OwnedMutexGuard<()>>,
 }
 
@@ -240,27 +258,18 @@ impl Tx {
     }
 
     pub(crate) async fn commit(self, store: &Store) -> Result<()> {
-        let forked = self.started_fork;
         let Tx { mut tx, backend, events, .. } = self;
         let wrote = !events.is_empty();
         if wrote {
             events::append(&mut tx, backend, events).await?;
         }
-        if backend == Backend::Postgres {
+        if backend == Backend::Postgres && wrote {
             // NOTIFY is transactional: other processes hear it when this commits.
-            if wrote {
-                sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
-            }
-            if forked {
-                sqlx::query("SELECT pg_notify('offshoot_forks', '')").execute(&mut *tx).await?;
-            }
+            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(crate::counted(&mut *tx)).await?;
         }
         tx.commit().await?;
         if wrote {
             store.events.notify_waiters();
-        }
-        if forked {
-            store.forks.notify_one();
         }
         Ok(())
     }
@@ -329,8 +338,8 @@ impl Store {
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
             events: Arc::new(Notify::new()),
-            forks: Arc::new(Notify::new()),
             url: url.into(),
+            cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
         })
     }
 
@@ -348,13 +357,9 @@ impl Store {
         self.events.clone()
     }
 
-    /// Notified when a fork starts backfilling (here, or in another process on PostgreSQL).
-    pub fn fork_notify(&self) -> Arc<Notify> {
-        self.forks.clone()
-    }
-
-    /// On PostgreSQL, relays `LISTEN offshoot_events` / `offshoot_forks` from other processes
-    /// to [`Store::event_notify`] and [`Store::fork_notify`] until `shutdown`. Consumers still
+    /// On PostgreSQL, relays `LISTEN offshoot_events` from other processes to
+    /// [`Store::event_notify`], and `offshoot_config` to the settings cache, until `shutdown`.
+    /// The cache is used only while the listener is connected (`cache.rs`). Consumers still
     /// poll, so a lost notification only delays, never loses, work. No-op on SQLite.
     pub async fn relay_notifications(&self, shutdown: impl std::future::Future<Output = ()>) {
         if self.backend != Backend::Postgres {
@@ -364,16 +369,18 @@ impl Store {
             loop {
                 match sqlx::postgres::PgListener::connect(&self.url).await {
                     Ok(mut l) => {
-                        if let Err(e) = l.listen_all(["offshoot_events", "offshoot_forks"]).await {
+                        if let Err(e) = l.listen_all(["offshoot_events", "offshoot_config"]).await {
                             tracing::warn!(error = %e, "LISTEN failed");
                         } else {
+                            self.cache.set_usable(true);
                             while let Ok(n) = l.recv().await {
-                                if n.channel() == "offshoot_forks" {
-                                    self.forks.notify_one();
+                                if n.channel() == "offshoot_config" {
+                                    self.cache.invalidate();
                                 } else {
                                     self.events.notify_waiters();
                                 }
                             }
+                            self.cache.set_usable(false);
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "connecting the notification listener failed"),
@@ -385,6 +392,7 @@ impl Store {
             _ = shutdown => {}
             _ = relay => {}
         }
+        self.cache.set_usable(false);
     }
 
     pub(crate) async fn begin(&self) -> Result<Tx> {
@@ -396,7 +404,7 @@ impl Store {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         };
-        Ok(Tx { tx, backend: self.backend, events: Vec::new(), started_fork: false, _guard: guard })
+        Ok(Tx { tx, backend: self.backend, events: Vec::new(), cache: self.cache.clone(), _guard: guard })
     }
 
     /// Runs a write transaction, again (after a short random pause) when it lost to a
@@ -427,7 +435,7 @@ impl Store {
 
     /// `SELECT 1`, for readiness.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query("SELECT 1").execute(crate::counted(&self.pool)).await?;
         Ok(())
     }
 
@@ -435,9 +443,9 @@ impl Store {
     /// pair replaces the stored one; with none configured, a pair is generated once.
     pub async fn ensure_app(&self, key: Option<&str>, secret: Option<&str>) -> Result<(String, String, bool)> {
         let mut tx = self.begin().await?;
-        let row: Option<AnyRow> =
-            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT api_key, api_secret FROM app WHERE id = 1{}", tx.for_update())))
-                .fetch_optional(&mut *tx.tx)
+        let row: Option<AppKeys> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT api_key, api_secret FROM app WHERE id = 1{}", tx.for_update())))
+                .fetch_optional(crate::counted(&mut *tx.tx))
                 .await?;
         let now = offshoot_core::time::now();
         let result = match (row, key, secret) {
@@ -446,29 +454,30 @@ impl Store {
                     .bind(k.to_string())
                     .bind(s.to_string())
                     .bind(now)
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
                 (k.to_string(), s.to_string(), false)
             }
-            (Some(row), _, _) => (rows::get_str(&row, "api_key")?, rows::get_str(&row, "api_secret")?, false),
+            (Some(keys), _, _) => (keys.api_key, keys.api_secret, false),
             (None, k, s) => {
                 let generated = k.is_none() || s.is_none();
                 let k = k.map(str::to_string).unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..12].to_string());
                 let s =
                     s.map(str::to_string).unwrap_or_else(|| format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()));
-                let settings = serde_json::to_string(&offshoot_core::model::AppSettings::default())?;
+                let settings = serde_json::to_string(&AppSettings::default())?;
                 // Two processes starting on a new database: the first insert wins.
                 let res = sqlx::query("INSERT INTO app (id, api_key, api_secret, settings, created_at, updated_at) VALUES (1, $1, $2, $3, $4, $4) ON CONFLICT (id) DO NOTHING")
                     .bind(k.clone())
                     .bind(s.clone())
                     .bind(settings)
                     .bind(now)
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
                 if res.rows_affected() == 0 {
                     // Another process created the app row first: use its pair.
-                    let row: AnyRow = sqlx::query("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(&mut *tx.tx).await?;
-                    (rows::get_str(&row, "api_key")?, rows::get_str(&row, "api_secret")?, false)
+                    let keys: AppKeys =
+                        sqlx::query_as("SELECT api_key, api_secret FROM app WHERE id = 1").fetch_one(crate::counted(&mut *tx.tx)).await?;
+                    (keys.api_key, keys.api_secret, false)
                 } else {
                     (k, s, generated)
                 }
@@ -478,40 +487,57 @@ impl Store {
         Ok(result)
     }
 
-    pub async fn app_settings(&self) -> Result<offshoot_core::model::AppSettings> {
-        let row: Option<AnyRow> = sqlx::query("SELECT settings FROM app WHERE id = 1").fetch_optional(&self.pool).await?;
-        match row {
-            Some(row) => Ok(serde_json::from_str(&rows::get_str(&row, "settings")?)?),
-            None => Ok(Default::default()),
+    /// The app settings, from memory when they are cached (`cache.rs`).
+    pub async fn app_settings(&self) -> Result<AppSettings> {
+        if let Some(s) = self.cache.cached_settings() {
+            return Ok(s);
         }
+        let mut conn = self.pool.acquire().await?;
+        self.cache.settings(&mut conn).await
+    }
+
+    /// Commits a transaction that changed the app settings or a channel type, and drops the
+    /// cached copies here and, on PostgreSQL, in every other process (`cache.rs`).
+    pub(crate) async fn commit_config_change(&self, mut tx: Tx) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_notify('offshoot_config', '')").execute(counted(&mut *tx.tx)).await?;
+        }
+        tx.commit(self).await?;
+        self.cache.invalidate();
+        Ok(())
     }
 
     /// Changes the app settings under the app row's lock, so concurrent `PATCH /app` calls that
     /// change different settings all survive. `change` may run more than once (retries).
-    pub async fn update_app_settings<F>(&self, change: F) -> Result<offshoot_core::model::AppSettings>
+    pub async fn update_app_settings<F>(&self, change: F) -> Result<AppSettings>
     where
-        F: Fn(&mut offshoot_core::model::AppSettings) -> offshoot_core::error::Result<()>,
+        F: Fn(&mut AppSettings) -> offshoot_core::error::Result<()>,
     {
         self.retrying("update_app_settings", || async {
             let mut tx = self.begin().await?;
-            let row: Option<AnyRow> = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
-                .fetch_optional(&mut *tx.tx)
-                .await?;
-            let mut settings: offshoot_core::model::AppSettings = match row {
-                Some(row) => serde_json::from_str(&rows::get_str(&row, "settings")?)?,
-                None => Default::default(),
-            };
+            let stored: Option<rows::Json<AppSettings>> =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT settings FROM app WHERE id = 1{}", tx.for_update())))
+                    .fetch_optional(crate::counted(&mut *tx.tx))
+                    .await?;
+            let mut settings = stored.map(|s| s.0).unwrap_or_default();
             change(&mut settings)?;
             sqlx::query("UPDATE app SET settings = $1, updated_at = $2 WHERE id = 1")
                 .bind(serde_json::to_string(&settings)?)
                 .bind(offshoot_core::time::now())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
-            tx.commit(self).await?;
+            self.commit_config_change(tx).await?;
             Ok(settings)
         })
         .await
     }
+}
+
+/// The app's key pair as stored.
+#[derive(sqlx::FromRow)]
+struct AppKeys {
+    api_key: String,
+    api_secret: String,
 }
 
 #[cfg(test)]

@@ -2,13 +2,13 @@
 //! applies.
 
 use crate::channels::{event_for, load_channel, lock_and_load, reload, to_watchers_and_hooks};
-use crate::rows::{self, placeholders, MESSAGE_COLS};
+use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
 use offshoot_core::{ids, time, Error, ErrorKind};
-use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, AssertSqlSafe};
+use sqlx::any::AnyArguments;
+use sqlx::{AnyConnection, Arguments, AssertSqlSafe};
 use std::collections::{HashMap, HashSet};
 
 /// Message pagination as Stream's `messages` / replies parameters give it.
@@ -43,18 +43,18 @@ pub(crate) enum Bind {
     F(f64),
 }
 
-pub(crate) fn bind_all<'q>(
-    mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    binds: &[Bind],
-) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+/// The arguments of a dynamically built statement, for `sqlx::query_with` and its kin.
+pub(crate) fn arguments(binds: &[Bind]) -> Result<AnyArguments> {
+    let mut args = AnyArguments::default();
     for b in binds {
-        q = match b {
-            Bind::S(s) => q.bind(s.clone()),
-            Bind::I(i) => q.bind(*i),
-            Bind::F(f) => q.bind(*f),
-        };
+        match b {
+            Bind::S(s) => args.add(s.clone()),
+            Bind::I(i) => args.add(*i),
+            Bind::F(f) => args.add(*f),
+        }
+        .map_err(|e| crate::StoreError::Db(sqlx::Error::Encode(e)))?;
     }
-    q
+    Ok(args)
 }
 
 /// The SQL condition (on alias `m`) for messages `viewer` may see in a channel truncated at
@@ -124,8 +124,9 @@ impl Store {
         let mut binds = vec![Bind::S(ch.cid.clone())];
         let vis = visible_to(viewer, ch.truncated_at, &mut binds);
         let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = $1 AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} ORDER BY m.pinned_at DESC LIMIT {limit}");
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
-        let mut msgs = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+        let rows: Vec<MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        let mut msgs: Vec<Message> = rows::all(rows);
         hydrate_messages(&mut conn, &mut msgs, viewer, ch.truncated_at).await?;
         Ok(msgs)
     }
@@ -135,7 +136,7 @@ impl Store {
     pub async fn get_message(&self, id: &str, viewer: &Viewer) -> Result<Option<(Message, bool)>> {
         let mut conn = self.pool().acquire().await?;
         let Some((mut m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
-        let truncated_at = load_channel(&mut conn, &m.cid).await?.and_then(|c| c.truncated_at);
+        let truncated_at = load_channel(&mut conn, &self.cache, &m.cid).await?.and_then(|c| c.truncated_at);
         hydrate_messages(&mut conn, std::slice::from_mut(&mut m), viewer, truncated_at).await?;
         Ok(Some((m, hidden)))
     }
@@ -224,10 +225,13 @@ impl Store {
             .bind(m.show_in_channel)
             .bind(m.command.clone())
             .bind(m.id.clone())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         if m.restricted_visibility != before_restricted {
-            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1").bind(m.id.clone()).execute(&mut *tx.tx).await?;
+            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1")
+                .bind(m.id.clone())
+                .execute(crate::counted(&mut *tx.tx))
+                .await?;
             insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(&m)).await?;
         }
         if m.restricted_visibility != before_restricted || m.show_in_channel != before_shown {
@@ -261,24 +265,24 @@ impl Store {
                 "DELETE FROM message_restricted WHERE message_id = $1",
                 "DELETE FROM message WHERE id = $1",
             ] {
-                sqlx::query(sql).bind(id.to_string()).execute(&mut *tx.tx).await?;
+                sqlx::query(sql).bind(id.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
             }
             if let Some(p) = &m.parent_id {
                 sqlx::query("UPDATE message SET reply_count = reply_count - 1 WHERE id = $1 AND reply_count > 0")
                     .bind(p.clone())
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
             }
         } else if !was_deleted {
             sqlx::query("UPDATE message SET deleted_at = $1, updated_at = $1, type = 'deleted' WHERE id = $2")
                 .bind(now)
                 .bind(id.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
             if let Some(p) = &m.parent_id {
                 sqlx::query("UPDATE message SET deleted_reply_count = deleted_reply_count + 1 WHERE id = $1")
                     .bind(p.clone())
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
             }
         }
@@ -316,16 +320,13 @@ impl Store {
         enforce_unique: bool,
         user: &User,
     ) -> Result<(Message, Reaction)> {
-        let mut tx = self.begin().await?;
-        let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
-            return not_found(format!("message with id {message_id:?} does not exist"));
-        };
+        let (mut tx, ch) = self.begin_on_message(message_id).await?;
         let user = ensure_user(&mut tx, user).await?;
         if enforce_unique {
             sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2")
                 .bind(message_id.to_string())
                 .bind(user.id.clone())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
         let now = time::now();
@@ -336,7 +337,7 @@ impl Store {
             .bind(reaction.score)
             .bind(serde_json::to_string(&reaction.custom)?)
             .bind(now)
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         let (m, r) = self.reaction_event(&mut tx, &ch, message_id, &user, &reaction.kind, "reaction.new", None).await?;
         tx.commit(self).await?;
@@ -348,30 +349,30 @@ impl Store {
     }
 
     async fn remove_reaction_once(&self, message_id: &str, kind: &str, user: &User) -> Result<(Message, Reaction)> {
-        let mut tx = self.begin().await?;
-        let Some((ch, _)) = lock_message(&mut tx, message_id).await? else {
-            return not_found(format!("message with id {message_id:?} does not exist"));
-        };
-        let row: Option<AnyRow> = sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
-            .bind(message_id.to_string())
-            .bind(user.id.clone())
-            .bind(kind.to_string())
-            .fetch_optional(&mut *tx.tx)
-            .await?;
-        let Some(row) = row else {
+        let (mut tx, ch) = self.begin_on_message(message_id).await?;
+        let Some(removed) = load_reaction(&mut tx.tx, message_id, &user.id, kind).await? else {
             return not_found(format!("reaction {kind:?} of user {:?} on message {message_id:?} does not exist", user.id));
         };
-        let removed = rows::reaction(&row)?;
         sqlx::query("DELETE FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
             .bind(message_id.to_string())
             .bind(user.id.clone())
             .bind(kind.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         // The event (and the answer) carry the message as it is without the reaction.
         let (m, r) = self.reaction_event(&mut tx, &ch, message_id, user, kind, "reaction.deleted", Some(removed)).await?;
         tx.commit(self).await?;
         Ok((m, r))
+    }
+
+    /// Opens a reaction write: a transaction holding the lock of the message's channel (crate
+    /// doc, lock order), and that channel.
+    async fn begin_on_message(&self, message_id: &str) -> Result<(Tx, Channel)> {
+        let mut tx = self.begin().await?;
+        match lock_message(&mut tx, message_id).await? {
+            Some((ch, _)) => Ok((tx, ch)),
+            None => not_found(format!("message with id {message_id:?} does not exist")),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -392,19 +393,13 @@ impl Store {
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, None).await?;
         m = out.pop().expect("one message in, one out");
         let now = time::now();
-        let row: Option<AnyRow> = match known {
-            Some(_) => None,
-            None => sqlx::query("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")
-                .bind(message_id.to_string())
-                .bind(user.id.clone())
-                .bind(kind.to_string())
-                .fetch_optional(&mut *tx.tx)
-                .await?,
+        let stored = match known {
+            Some(r) => Some(r),
+            None => load_reaction(&mut tx.tx, message_id, &user.id, kind).await?,
         };
-        let mut r = match (known, row) {
-            (Some(r), _) => r,
-            (None, Some(row)) => rows::reaction(&row)?,
-            (None, None) => Reaction {
+        let mut r = match stored {
+            Some(r) => r,
+            None => Reaction {
                 message_id: message_id.into(),
                 user_id: user.id.clone(),
                 kind: kind.into(),
@@ -455,7 +450,7 @@ impl Store {
                 "DELETE FROM message_restricted WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
                 "DELETE FROM message WHERE cid = $1 AND created_at <= $2",
             ] {
-                sqlx::query(sql).bind(cid.to_string()).bind(at).execute(&mut *tx.tx).await?;
+                sqlx::query(sql).bind(cid.to_string()).bind(at).execute(crate::counted(&mut *tx.tx)).await?;
             }
         }
         sqlx::query("UPDATE channel SET truncated_at = $1, truncated_by_id = $2, updated_at = $3 WHERE cid = $4")
@@ -463,7 +458,7 @@ impl Store {
             .bind(actor.map(|u| u.id.clone()))
             .bind(now)
             .bind(cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         crate::unread::recount(&mut tx, cid, None).await?;
         let ch = reload(&mut tx, cid).await?;
@@ -551,19 +546,23 @@ impl Store {
         .bind(cid.to_string())
         .bind(point.created_at)
         .bind(point.id.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
         // Replies created after the rewind point, and replies of hidden parents.
         sqlx::query("UPDATE message SET hidden_at = $1 WHERE cid = $2 AND hidden_at IS NULL AND parent_id IN (SELECT id FROM message WHERE cid = $2 AND hidden_at = $1)")
             .bind(now)
             .bind(cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
         sqlx::query("UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id AND r.hidden_at IS NULL) WHERE cid = $1 AND reply_count > 0")
             .bind(cid.to_string())
-            .execute(&mut *tx.tx)
+            .execute(crate::counted(&mut *tx.tx))
             .await?;
-        sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2").bind(now).bind(cid.to_string()).execute(&mut *tx.tx).await?;
+        sqlx::query("UPDATE channel SET updated_at = $1 WHERE cid = $2")
+            .bind(now)
+            .bind(cid.to_string())
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
         crate::unread::recount(&mut tx, cid, None).await?;
         let ch = reload(&mut tx, cid).await?;
         let mut ev = event_for("channel.rewound", &ch, actor.cloned());
@@ -600,11 +599,12 @@ impl Store {
             }
         }
         sql.push_str(&format!(" ORDER BY m.created_at DESC, m.id DESC LIMIT {}", limit.clamp(1, 100)));
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
-        let parents = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+        let rows: Vec<MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        let parents: Vec<Message> = rows::all(rows);
         let mut out = Vec::new();
         for mut p in parents {
-            let Some(ch) = load_channel(&mut conn, &p.cid).await? else { continue };
+            let Some(ch) = load_channel(&mut conn, &self.cache, &p.cid).await? else { continue };
             if !is_visible(&p, false, ch.truncated_at, viewer) {
                 continue;
             }
@@ -630,7 +630,10 @@ impl Store {
 /// are already serialised).
 pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
     if tx.backend == crate::Backend::Postgres {
-        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE").bind(cid.to_string()).fetch_optional(&mut *tx.tx).await?;
+        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE")
+            .bind(cid.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
     }
     Ok(())
 }
@@ -639,9 +642,11 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
 /// for message writes is the channel row first (crate doc). `None` when the message does not
 /// exist or a rewind hid it.
 pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
-    let row: Option<AnyRow> = sqlx::query("SELECT cid FROM message WHERE id = $1").bind(id.to_string()).fetch_optional(&mut *tx.tx).await?;
-    let Some(row) = row else { return Ok(None) };
-    let cid = rows::get_str(&row, "cid")?;
+    let cid: Option<String> = sqlx::query_scalar("SELECT cid FROM message WHERE id = $1")
+        .bind(id.to_string())
+        .fetch_optional(crate::counted(&mut *tx.tx))
+        .await?;
+    let Some(cid) = cid else { return Ok(None) };
     let Some(ch) = lock_and_load(tx, &cid).await? else { return Ok(None) };
     match load_message(&mut tx.tx, id).await? {
         Some((m, false)) if m.cid == cid => Ok(Some((ch, m))),
@@ -650,12 +655,11 @@ pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channe
 }
 
 pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Channel) -> Result<Option<String>> {
-    let row: Option<AnyRow> = sqlx::query("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
+    Ok(sqlx::query_scalar("SELECT m.id FROM message m WHERE m.cid = $1 AND m.parent_id IS NULL AND m.hidden_at IS NULL AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.created_at > $2 ORDER BY m.created_at DESC, m.id DESC LIMIT 1")
         .bind(ch.cid.clone())
         .bind(ch.truncated_at.unwrap_or(i64::MIN))
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.map(|r| rows::get_str(&r, "id")).transpose()
+        .fetch_optional(crate::counted(&mut *conn))
+        .await?)
 }
 
 /// Creates the user on first sight (server-side calls may name users they never upserted).
@@ -669,7 +673,7 @@ pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
         .bind(user.id.clone())
         .bind(role)
         .bind(now)
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
     match load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id) {
         Some(u) => Ok(u),
@@ -745,13 +749,16 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
     insert_message_row(tx, &m).await?;
     crate::unread::count_new_message(tx, &m, ch.truncated_at).await?;
     if let Some(pid) = &m.parent_id {
-        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1").bind(pid.clone()).execute(&mut *tx.tx).await?;
+        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1")
+            .bind(pid.clone())
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
     }
     sqlx::query("UPDATE channel SET last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $1 THEN $1 ELSE last_message_at END, message_count = message_count + 1, updated_at = $2 WHERE cid = $3")
         .bind(m.created_at)
         .bind(now)
         .bind(ch.cid.clone())
-        .execute(&mut *tx.tx)
+        .execute(crate::counted(&mut *tx.tx))
         .await?;
     Ok(m)
 }
@@ -808,7 +815,7 @@ pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result
                 .bind(m.source_cid.clone())
                 .bind(m.source_message_id.clone());
         }
-        q.execute(&mut *tx.tx).await?;
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     insert_restricted(tx.backend, &mut tx.tx, msgs).await
 }
@@ -832,18 +839,30 @@ pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyCon
         for (mid, uid, at) in chunk {
             q = q.bind(mid.to_string()).bind(uid.to_string()).bind(*at).bind(*at);
         }
-        q.execute(&mut *conn).await?;
+        q.execute(crate::counted(&mut *conn)).await?;
     }
     Ok(())
 }
 
 /// A stored message and whether a rewind hid it.
 pub(crate) async fn load_message(conn: &mut AnyConnection, id: &str) -> Result<Option<(Message, bool)>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id = $1")))
+    let row: Option<MessageRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id = $1")))
         .bind(id.to_string())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(crate::counted(&mut *conn))
         .await?;
-    row.map(|r| Ok((rows::message(&r)?, rows::get_opt_i64(&r, "hidden_at")?.is_some()))).transpose()
+    Ok(row.map(MessageRow::with_hidden))
+}
+
+/// One user's reaction of one type on a message.
+async fn load_reaction(conn: &mut AnyConnection, message_id: &str, user_id: &str, kind: &str) -> Result<Option<Reaction>> {
+    let row: Option<ReactionRow> =
+        sqlx::query_as(AssertSqlSafe(format!("SELECT {REACTION_COLS} FROM reaction WHERE message_id = $1 AND user_id = $2 AND type = $3")))
+            .bind(message_id.to_string())
+            .bind(user_id.to_string())
+            .bind(kind.to_string())
+            .fetch_optional(crate::counted(&mut *conn))
+            .await?;
+    Ok(row.map(Reaction::from))
 }
 
 async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, page: &Page, scope: &str) -> Result<Vec<Message>> {
@@ -853,14 +872,14 @@ async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, pa
     let anchor = match &page.dir {
         PageDir::Latest => None,
         PageDir::Before { id, .. } | PageDir::After { id, .. } | PageDir::Around { id } => {
-            let row: Option<AnyRow> =
-                sqlx::query(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
+            let row: Option<(i64, String)> =
+                sqlx::query_as(AssertSqlSafe(format!("SELECT m.created_at, m.id FROM message m WHERE m.id = $2 AND {scope}")))
                     .bind(binds[0].clone_str())
                     .bind(id.clone())
-                    .fetch_optional(&mut *conn)
+                    .fetch_optional(crate::counted(&mut *conn))
                     .await?;
             match row {
-                Some(r) => Some((rows::get_i64(&r, "created_at")?, rows::get_str(&r, "id")?)),
+                Some(position) => Some(position),
                 None => return Ok(Vec::new()),
             }
         }
@@ -898,13 +917,48 @@ async fn paginate(conn: &mut AnyConnection, base: &str, mut binds: Vec<Bind>, pa
     }
 }
 
-async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
-    let sql = format!(
-        "SELECT {MESSAGE_COLS} FROM message m WHERE {base}{cond} ORDER BY m.created_at {d}, m.id {d} LIMIT {lim}",
+/// The page of messages matching `cond`, newest (`desc`) or oldest first.
+pub(crate) fn page_sql(cond: &str, desc: bool, lim: i64) -> String {
+    format!(
+        "SELECT {MESSAGE_COLS} FROM message m WHERE {cond} ORDER BY m.created_at {d}, m.id {d} LIMIT {lim}",
         d = if desc { "DESC" } else { "ASC" }
-    );
-    let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &binds).fetch_all(&mut *conn).await?;
-    let mut msgs = rows.iter().map(rows::message).collect::<Result<Vec<_>>>()?;
+    )
+}
+
+/// Several statements' rows in one: `UNION ALL` of each, as a subquery so that each keeps its
+/// own `ORDER BY … LIMIT` (and its index scan). The caller orders the result.
+pub(crate) fn union_all(statements: &[String]) -> String {
+    statements.iter().enumerate().map(|(i, s)| format!("SELECT * FROM ({s}) AS u{i}")).collect::<Vec<_>>().join(" UNION ALL ")
+}
+
+/// The newest `lim` messages of each `(key, condition)` (conditions number their binds in
+/// `binds`), oldest first, in one statement per 100 conditions.
+pub(crate) async fn latest_pages(
+    conn: &mut AnyConnection,
+    conditions: &[(String, String)],
+    binds: &[Bind],
+    lim: i64,
+    key_of: impl Fn(&Message) -> String,
+) -> Result<HashMap<String, Vec<Message>>> {
+    let mut pages: HashMap<String, Vec<Message>> = conditions.iter().map(|(k, _)| (k.clone(), Vec::new())).collect();
+    for chunk in conditions.chunks(100) {
+        let sql = union_all(&chunk.iter().map(|(_, cond)| page_sql(cond, true, lim)).collect::<Vec<_>>());
+        let rows: Vec<MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        for m in rows.into_iter().map(Message::from) {
+            pages.entry(key_of(&m)).or_default().push(m);
+        }
+    }
+    for page in pages.values_mut() {
+        page.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    }
+    Ok(pages)
+}
+
+async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
+    let sql = page_sql(&format!("{base}{cond}"), desc, lim);
+    let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+    let mut msgs: Vec<Message> = rows::all(rows);
     if desc {
         msgs.reverse();
     }
@@ -921,37 +975,57 @@ impl Bind {
     }
 }
 
-/// Fills users, reactions, thread participants and quoted messages of a page.
+/// Fills users, reactions, thread participants and quoted messages of a page of one channel
+/// truncated at `truncated_at`.
 pub(crate) async fn hydrate_messages(
     conn: &mut AnyConnection,
     msgs: &mut [Message],
     viewer: &Viewer,
     truncated_at: Option<i64>,
 ) -> Result<()> {
+    hydrate_messages_of(conn, msgs, viewer, &|_| truncated_at).await
+}
+
+/// [`hydrate_messages`] for messages of several channels, `truncated_at` giving each
+/// channel's truncation by cid: a fixed number of statements, whatever the number of messages
+/// and channels.
+pub(crate) async fn hydrate_messages_of(
+    conn: &mut AnyConnection,
+    msgs: &mut [Message],
+    viewer: &Viewer,
+    truncated_at: &(dyn Fn(&str) -> Option<i64> + Sync),
+) -> Result<()> {
     if msgs.is_empty() {
         return Ok(());
     }
     let ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
     // Quoted messages (one level), hidden when not visible or deleted.
-    let quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
+    let mut quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
+    quoted_ids.sort();
+    quoted_ids.dedup();
     let mut quoted: HashMap<String, Message> = HashMap::new();
-    for qid in quoted_ids {
-        if let Some((q, hidden)) = load_message(conn, &qid).await? {
-            if q.deleted_at.is_none() && is_visible(&q, hidden, truncated_at, viewer) {
-                quoted.insert(qid, q);
+    for chunk in quoted_ids.chunks(500) {
+        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, MessageRow>(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        for (m, hidden) in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(MessageRow::with_hidden) {
+            if m.deleted_at.is_none() && is_visible(&m, hidden, truncated_at(&m.cid), viewer) {
+                quoted.insert(m.id.clone(), m);
             }
         }
     }
     // Reactions.
     let mut reactions: HashMap<String, Vec<Reaction>> = HashMap::new();
     for chunk in ids.chunks(300) {
-        let sql = format!("SELECT message_id, user_id, type, score, custom, created_at, updated_at FROM reaction WHERE message_id IN ({}) ORDER BY created_at DESC", placeholders(1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let sql =
+            format!("SELECT {REACTION_COLS} FROM reaction WHERE message_id IN ({}) ORDER BY created_at DESC", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, ReactionRow>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *conn).await? {
-            let r = rows::reaction(&row)?;
+        for r in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(Reaction::from) {
             reactions.entry(r.message_id.clone()).or_default().push(r);
         }
     }
@@ -960,12 +1034,12 @@ pub(crate) async fn hydrate_messages(
     let mut participants: HashMap<String, Vec<String>> = HashMap::new();
     for chunk in parents.chunks(300) {
         let sql = format!("SELECT parent_id, user_id, MIN(created_at) AS first_at FROM message WHERE parent_id IN ({}) AND hidden_at IS NULL GROUP BY parent_id, user_id ORDER BY first_at", placeholders(1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *conn).await? {
-            participants.entry(rows::get_str(&row, "parent_id")?).or_default().push(rows::get_str(&row, "user_id")?);
+        for (parent_id, user_id, _) in q.fetch_all(crate::counted(&mut *conn)).await? {
+            participants.entry(parent_id).or_default().push(user_id);
         }
     }
     let mut user_ids: HashSet<String> = HashSet::new();

@@ -4,11 +4,9 @@
 //! Counters go through the `metrics` facade: without an installed recorder (tests, tools)
 //! they cost a no-op call.
 
-use crate::rows::{get_i64, get_str};
 use crate::{Result, Store};
 use offshoot_core::model::{ForkStatus, ForkSummary};
 use offshoot_core::time;
-use sqlx::any::AnyRow;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -28,10 +26,6 @@ pub struct OpsSnapshot {
     pub backfilling_forks: i64,
     /// Age in seconds of the oldest backfilling fork (0 when none).
     pub backfill_lag_seconds: f64,
-    /// Webhook deliveries due now (not leased, not waiting for a retry).
-    pub webhook_due: i64,
-    /// Webhook deliveries in flight (leased) or waiting for their next attempt.
-    pub webhook_waiting: i64,
     /// Newest outbox sequence minus each consumer's cursor.
     pub outbox_lag: Vec<(String, i64)>,
     /// Connections of the pool: (in use, idle).
@@ -43,41 +37,21 @@ impl Store {
     /// Reads the gauges of [`OpsSnapshot`]: a handful of small aggregate queries.
     pub async fn ops_snapshot(&self) -> Result<OpsSnapshot> {
         let now = time::now();
-        let row: AnyRow =
-            sqlx::query("SELECT COUNT(*) AS n, COALESCE(MIN(created_at), 0) AS oldest FROM fork WHERE status = 'backfilling'")
-                .fetch_one(self.pool())
+        let (backfilling_forks, oldest): (i64, i64) =
+            sqlx::query_as("SELECT COUNT(*), COALESCE(MIN(created_at), 0) FROM fork WHERE status = 'backfilling'")
+                .fetch_one(crate::counted(self.pool()))
                 .await?;
-        let backfilling_forks = get_i64(&row, "n")?;
-        let oldest = get_i64(&row, "oldest")?;
         let backfill_lag_seconds = if backfilling_forks > 0 { (now - oldest).max(0) as f64 / 1e9 } else { 0.0 };
-        let row: AnyRow = sqlx::query(
-            "SELECT COALESCE(SUM(CASE WHEN next_attempt_at <= $1 THEN 1 ELSE 0 END), 0) AS due, \
-             COALESCE(SUM(CASE WHEN next_attempt_at > $1 THEN 1 ELSE 0 END), 0) AS waiting FROM webhook_delivery",
-        )
-        .bind(now)
-        .fetch_one(self.pool())
-        .await?;
-        let (webhook_due, webhook_waiting) = (get_i64(&row, "due")?, get_i64(&row, "waiting")?);
         let newest = self.last_event_seq().await?;
-        let rows: Vec<AnyRow> = sqlx::query("SELECT name, seq FROM outbox_cursor ORDER BY name").fetch_all(self.pool()).await?;
-        let mut outbox_lag = Vec::with_capacity(rows.len() + 1);
-        for r in &rows {
-            outbox_lag.push((get_str(r, "name")?, (newest - get_i64(r, "seq")?).max(0)));
-        }
+        let cursors: Vec<(String, i64)> =
+            sqlx::query_as("SELECT name, seq FROM outbox_cursor ORDER BY name").fetch_all(crate::counted(self.pool())).await?;
+        let mut outbox_lag: Vec<(String, i64)> = cursors.into_iter().map(|(name, seq)| (name, (newest - seq).max(0))).collect();
         for (name, seq) in MEMORY_CURSORS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             outbox_lag.push((name.to_string(), (newest - seq).max(0)));
         }
         let size = self.pool().size();
         let idle = u32::try_from(self.pool().num_idle()).unwrap_or(u32::MAX);
-        Ok(OpsSnapshot {
-            backfilling_forks,
-            backfill_lag_seconds,
-            webhook_due,
-            webhook_waiting,
-            outbox_lag,
-            pool_in_use: size.saturating_sub(idle),
-            pool_idle: idle,
-        })
+        Ok(OpsSnapshot { backfilling_forks, backfill_lag_seconds, outbox_lag, pool_in_use: size.saturating_sub(idle), pool_idle: idle })
     }
 }
 

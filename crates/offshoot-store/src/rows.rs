@@ -1,194 +1,367 @@
-//! Row decoding shared by every table.
+//! Row decoding: one `sqlx::FromRow` struct per row shape, turned into the domain type it
+//! stands for. Columns decode through sqlx's `Any` driver, which knows booleans, integers,
+//! floats, text and blobs only: JSON columns are text read through [`Json`], and flags go
+//! through [`Flag`] because SQLite keeps them as INTEGER (see the crate doc).
 
-use crate::Result;
+use crate::StoreError;
 use offshoot_core::model::{Channel, ChannelType, Custom, ForkStatus, ForkSummary, Member, Message, Reaction, User};
 use serde::de::DeserializeOwned;
-use sqlx::any::AnyRow;
-use sqlx::Row;
+use serde_json::Value;
+use sqlx::any::{AnyTypeInfo, AnyTypeInfoKind};
+use sqlx::error::BoxDynError;
+use sqlx::{Any, Decode, Type, ValueRef};
 
-pub(crate) fn get_str(row: &AnyRow, col: &str) -> Result<String> {
-    Ok(row.try_get::<String, _>(col)?)
-}
-pub(crate) fn get_opt_str(row: &AnyRow, col: &str) -> Result<Option<String>> {
-    Ok(row.try_get::<Option<String>, _>(col)?)
-}
-pub(crate) fn get_i64(row: &AnyRow, col: &str) -> Result<i64> {
-    Ok(row.try_get::<i64, _>(col)?)
-}
-pub(crate) fn get_opt_i64(row: &AnyRow, col: &str) -> Result<Option<i64>> {
-    Ok(row.try_get::<Option<i64>, _>(col)?)
-}
-/// Flags are BOOLEAN on PostgreSQL and INTEGER on SQLite.
-pub(crate) fn get_bool(row: &AnyRow, col: &str) -> Result<bool> {
-    match row.try_get::<bool, _>(col) {
-        Ok(b) => Ok(b),
-        Err(_) => Ok(row.try_get::<i64, _>(col)? != 0),
+/// A JSON document kept in a text column.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Json<T>(pub T);
+
+impl<T> Type<Any> for Json<T> {
+    fn type_info() -> AnyTypeInfo {
+        <String as Type<Any>>::type_info()
+    }
+    fn compatible(ty: &AnyTypeInfo) -> bool {
+        <String as Type<Any>>::compatible(ty)
     }
 }
-pub(crate) fn get_json<T: DeserializeOwned>(row: &AnyRow, col: &str) -> Result<T> {
-    Ok(serde_json::from_str(&get_str(row, col)?)?)
+
+impl<'r, T: DeserializeOwned> Decode<'r, Any> for Json<T> {
+    fn decode(value: <Any as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        let text = <&str as Decode<Any>>::decode(value)?;
+        Ok(Json(serde_json::from_str(text)?))
+    }
 }
-pub(crate) fn get_opt_json<T: DeserializeOwned>(row: &AnyRow, col: &str) -> Result<Option<T>> {
-    match get_opt_str(row, col)? {
-        Some(s) => Ok(Some(serde_json::from_str(&s)?)),
-        None => Ok(None),
+
+/// A flag column: BOOLEAN on PostgreSQL, INTEGER 0/1 on SQLite, where sqlx's `Any` driver
+/// refuses columns declared BOOLEAN.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Flag(pub bool);
+
+impl Type<Any> for Flag {
+    fn type_info() -> AnyTypeInfo {
+        <bool as Type<Any>>::type_info()
+    }
+    fn compatible(ty: &AnyTypeInfo) -> bool {
+        <bool as Type<Any>>::compatible(ty) || <i64 as Type<Any>>::compatible(ty)
+    }
+}
+
+impl<'r> Decode<'r, Any> for Flag {
+    fn decode(value: <Any as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        if value.type_info().kind() == AnyTypeInfoKind::Bool {
+            Ok(Flag(<bool as Decode<Any>>::decode(value)?))
+        } else {
+            Ok(Flag(<i64 as Decode<Any>>::decode(value)? != 0))
+        }
     }
 }
 
 pub(crate) const USER_COLS: &str =
     "id, role, name, image, language, teams, custom, banned, shadow_banned, invisible, created_at, updated_at, deleted_at, last_active";
 
-pub(crate) fn user(row: &AnyRow) -> Result<User> {
-    Ok(User {
-        id: get_str(row, "id")?,
-        role: get_str(row, "role")?,
-        name: get_opt_str(row, "name")?,
-        image: get_opt_str(row, "image")?,
-        language: get_opt_str(row, "language")?,
-        teams: get_json(row, "teams")?,
-        custom: get_json::<Custom>(row, "custom")?,
-        banned: get_bool(row, "banned")?,
-        shadow_banned: get_bool(row, "shadow_banned")?,
-        invisible: get_bool(row, "invisible")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-        deleted_at: get_opt_i64(row, "deleted_at")?,
-        last_active: get_opt_i64(row, "last_active")?,
-    })
+#[derive(sqlx::FromRow)]
+pub(crate) struct UserRow {
+    id: String,
+    role: String,
+    name: Option<String>,
+    image: Option<String>,
+    language: Option<String>,
+    teams: Json<Vec<String>>,
+    custom: Json<Custom>,
+    banned: Flag,
+    shadow_banned: Flag,
+    invisible: Flag,
+    created_at: i64,
+    updated_at: i64,
+    deleted_at: Option<i64>,
+    last_active: Option<i64>,
+}
+
+impl From<UserRow> for User {
+    fn from(r: UserRow) -> User {
+        User {
+            id: r.id,
+            role: r.role,
+            name: r.name,
+            image: r.image,
+            language: r.language,
+            teams: r.teams.0,
+            custom: r.custom.0,
+            banned: r.banned.0,
+            shadow_banned: r.shadow_banned.0,
+            invisible: r.invisible.0,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            deleted_at: r.deleted_at,
+            last_active: r.last_active,
+        }
+    }
 }
 
 pub(crate) const CHANNEL_COLS: &str = "c.cid, c.type, c.id, c.created_by_id, c.team, c.custom, c.frozen, c.disabled, c.created_at, c.updated_at, c.deleted_at, c.truncated_at, c.truncated_by_id, c.last_message_at, c.message_count, (SELECT COUNT(*) FROM member mm WHERE mm.cid = c.cid) AS member_count";
 
-pub(crate) fn channel(row: &AnyRow) -> Result<Channel> {
-    Ok(Channel {
-        cid: get_str(row, "cid")?,
-        kind: get_str(row, "type")?,
-        id: get_str(row, "id")?,
-        created_by_id: get_opt_str(row, "created_by_id")?,
-        created_by: None,
-        team: get_opt_str(row, "team")?,
-        custom: get_json(row, "custom")?,
-        frozen: get_bool(row, "frozen")?,
-        disabled: get_bool(row, "disabled")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-        deleted_at: get_opt_i64(row, "deleted_at")?,
-        truncated_at: get_opt_i64(row, "truncated_at")?,
-        truncated_by_id: get_opt_str(row, "truncated_by_id")?,
-        last_message_at: get_opt_i64(row, "last_message_at")?,
-        member_count: get_i64(row, "member_count")?,
-        message_count: get_i64(row, "message_count")?,
-        fork: None,
-        config: None,
-    })
+#[derive(sqlx::FromRow)]
+pub(crate) struct ChannelRow {
+    cid: String,
+    #[sqlx(rename = "type")]
+    kind: String,
+    id: String,
+    created_by_id: Option<String>,
+    team: Option<String>,
+    custom: Json<Custom>,
+    frozen: Flag,
+    disabled: Flag,
+    created_at: i64,
+    updated_at: i64,
+    deleted_at: Option<i64>,
+    truncated_at: Option<i64>,
+    truncated_by_id: Option<String>,
+    last_message_at: Option<i64>,
+    message_count: i64,
+    member_count: i64,
+}
+
+impl From<ChannelRow> for Channel {
+    fn from(r: ChannelRow) -> Channel {
+        Channel {
+            cid: r.cid,
+            kind: r.kind,
+            id: r.id,
+            created_by_id: r.created_by_id,
+            created_by: None,
+            team: r.team,
+            custom: r.custom.0,
+            frozen: r.frozen.0,
+            disabled: r.disabled.0,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            deleted_at: r.deleted_at,
+            truncated_at: r.truncated_at,
+            truncated_by_id: r.truncated_by_id,
+            last_message_at: r.last_message_at,
+            member_count: r.member_count,
+            message_count: r.message_count,
+            fork: None,
+            config: None,
+        }
+    }
 }
 
 pub(crate) const MEMBER_COLS: &str = "cid, user_id, channel_role, custom, created_at, updated_at";
 
-pub(crate) fn member(row: &AnyRow) -> Result<Member> {
-    Ok(Member {
-        cid: get_str(row, "cid")?,
-        user_id: get_str(row, "user_id")?,
-        user: None,
-        channel_role: get_str(row, "channel_role")?,
-        custom: get_json(row, "custom")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-    })
+#[derive(sqlx::FromRow)]
+pub(crate) struct MemberRow {
+    cid: String,
+    user_id: String,
+    channel_role: String,
+    custom: Json<Custom>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<MemberRow> for Member {
+    fn from(r: MemberRow) -> Member {
+        Member {
+            cid: r.cid,
+            user_id: r.user_id,
+            user: None,
+            channel_role: r.channel_role,
+            custom: r.custom.0,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
 }
 
 pub(crate) const MESSAGE_COLS: &str = "m.id, m.cid, m.user_id, m.type, m.text, m.html, m.mml, m.command, m.parent_id, m.show_in_channel, m.quoted_message_id, m.attachments, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, m.shadowed, m.pinned, m.pinned_at, m.pinned_by_id, m.pin_expires, m.reply_count, m.deleted_reply_count, m.created_at, m.updated_at, m.deleted_at, m.message_text_updated_at, m.hidden_at, m.source_cid, m.source_message_id";
 
-pub(crate) fn message(row: &AnyRow) -> Result<Message> {
-    Ok(Message {
-        id: get_str(row, "id")?,
-        cid: get_str(row, "cid")?,
-        user_id: get_str(row, "user_id")?,
-        user: None,
-        kind: get_str(row, "type")?,
-        text: get_str(row, "text")?,
-        html: get_str(row, "html")?,
-        mml: get_opt_str(row, "mml")?,
-        command: get_opt_str(row, "command")?,
-        parent_id: get_opt_str(row, "parent_id")?,
-        show_in_channel: get_bool(row, "show_in_channel")?,
-        quoted_message_id: get_opt_str(row, "quoted_message_id")?,
-        quoted_message: None,
-        attachments: get_json(row, "attachments")?,
-        mentioned_users: get_json(row, "mentioned_users")?,
-        mentioned_user_objects: Vec::new(),
-        restricted_visibility: get_json(row, "restricted_visibility")?,
-        silent: get_bool(row, "silent")?,
-        i18n: get_opt_json(row, "i18n")?,
-        custom: get_json(row, "custom")?,
-        shadowed: get_bool(row, "shadowed")?,
-        pinned: get_bool(row, "pinned")?,
-        pinned_at: get_opt_i64(row, "pinned_at")?,
-        pinned_by_id: get_opt_str(row, "pinned_by_id")?,
-        pin_expires: get_opt_i64(row, "pin_expires")?,
-        reply_count: get_i64(row, "reply_count")?,
-        deleted_reply_count: get_i64(row, "deleted_reply_count")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-        deleted_at: get_opt_i64(row, "deleted_at")?,
-        message_text_updated_at: get_opt_i64(row, "message_text_updated_at")?,
-        reaction_counts: Default::default(),
-        reaction_scores: Default::default(),
-        latest_reactions: Vec::new(),
-        own_reactions: Vec::new(),
-        thread_participants: Vec::new(),
-        source_cid: get_opt_str(row, "source_cid")?,
-        source_message_id: get_opt_str(row, "source_message_id")?,
-    })
+#[derive(sqlx::FromRow)]
+pub(crate) struct MessageRow {
+    id: String,
+    cid: String,
+    user_id: String,
+    #[sqlx(rename = "type")]
+    kind: String,
+    text: String,
+    html: String,
+    mml: Option<String>,
+    command: Option<String>,
+    parent_id: Option<String>,
+    show_in_channel: Flag,
+    quoted_message_id: Option<String>,
+    attachments: Json<Vec<Value>>,
+    mentioned_users: Json<Vec<String>>,
+    restricted_visibility: Json<Vec<String>>,
+    silent: Flag,
+    i18n: Option<Json<Custom>>,
+    custom: Json<Custom>,
+    shadowed: Flag,
+    pinned: Flag,
+    pinned_at: Option<i64>,
+    pinned_by_id: Option<String>,
+    pin_expires: Option<i64>,
+    reply_count: i64,
+    deleted_reply_count: i64,
+    created_at: i64,
+    updated_at: i64,
+    deleted_at: Option<i64>,
+    message_text_updated_at: Option<i64>,
+    hidden_at: Option<i64>,
+    source_cid: Option<String>,
+    source_message_id: Option<String>,
 }
 
-pub(crate) fn reaction(row: &AnyRow) -> Result<Reaction> {
-    Ok(Reaction {
-        message_id: get_str(row, "message_id")?,
-        user_id: get_str(row, "user_id")?,
-        user: None,
-        kind: get_str(row, "type")?,
-        score: get_i64(row, "score")?,
-        custom: get_json(row, "custom")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-    })
+impl MessageRow {
+    /// The message, and whether a rewind hid it.
+    pub(crate) fn with_hidden(self) -> (Message, bool) {
+        let hidden = self.hidden_at.is_some();
+        (self.into(), hidden)
+    }
+}
+
+impl From<MessageRow> for Message {
+    fn from(r: MessageRow) -> Message {
+        Message {
+            id: r.id,
+            cid: r.cid,
+            user_id: r.user_id,
+            user: None,
+            kind: r.kind,
+            text: r.text,
+            html: r.html,
+            mml: r.mml,
+            command: r.command,
+            parent_id: r.parent_id,
+            show_in_channel: r.show_in_channel.0,
+            quoted_message_id: r.quoted_message_id,
+            quoted_message: None,
+            attachments: r.attachments.0,
+            mentioned_users: r.mentioned_users.0,
+            mentioned_user_objects: Vec::new(),
+            restricted_visibility: r.restricted_visibility.0,
+            silent: r.silent.0,
+            i18n: r.i18n.map(|j| j.0),
+            custom: r.custom.0,
+            shadowed: r.shadowed.0,
+            pinned: r.pinned.0,
+            pinned_at: r.pinned_at,
+            pinned_by_id: r.pinned_by_id,
+            pin_expires: r.pin_expires,
+            reply_count: r.reply_count,
+            deleted_reply_count: r.deleted_reply_count,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            deleted_at: r.deleted_at,
+            message_text_updated_at: r.message_text_updated_at,
+            reaction_counts: Default::default(),
+            reaction_scores: Default::default(),
+            latest_reactions: Vec::new(),
+            own_reactions: Vec::new(),
+            thread_participants: Vec::new(),
+            source_cid: r.source_cid,
+            source_message_id: r.source_message_id,
+        }
+    }
+}
+
+pub(crate) const REACTION_COLS: &str = "message_id, user_id, type, score, custom, created_at, updated_at";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct ReactionRow {
+    message_id: String,
+    user_id: String,
+    #[sqlx(rename = "type")]
+    kind: String,
+    score: i64,
+    custom: Json<Custom>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<ReactionRow> for Reaction {
+    fn from(r: ReactionRow) -> Reaction {
+        Reaction {
+            message_id: r.message_id,
+            user_id: r.user_id,
+            user: None,
+            kind: r.kind,
+            score: r.score,
+            custom: r.custom.0,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
 }
 
 pub(crate) const FORK_COLS: &str = "f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at";
 
-pub(crate) fn fork(row: &AnyRow) -> Result<ForkSummary> {
-    Ok(ForkSummary {
-        channel_cid: get_str(row, "cid")?,
-        source_channel_cid: get_str(row, "source_cid")?,
-        source_message_id: get_str(row, "source_message_id")?,
-        status: {
-            let status = get_str(row, "status")?;
-            match ForkStatus::parse(&status) {
-                Some(s) => s,
-                None => return Err(crate::StoreError::Db(sqlx::Error::Decode(format!("unknown fork status {status:?}").into()))),
-            }
-        },
-        copied_message_count: get_i64(row, "copied_message_count")?,
-        total_message_count: get_opt_i64(row, "total_message_count")?,
-        truncated: get_bool(row, "truncated")?,
-        oldest_source_message_id: get_opt_str(row, "oldest_source_message_id")?,
-        failed_reason: get_opt_str(row, "failed_reason")?,
-        task_id: get_opt_str(row, "task_id")?,
-        created_by_id: get_opt_str(row, "created_by_id")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-    })
+#[derive(sqlx::FromRow)]
+pub(crate) struct ForkSummaryRow {
+    cid: String,
+    source_cid: String,
+    source_message_id: String,
+    status: String,
+    copied_message_count: i64,
+    total_message_count: Option<i64>,
+    truncated: Flag,
+    oldest_source_message_id: Option<String>,
+    failed_reason: Option<String>,
+    task_id: Option<String>,
+    created_by_id: Option<String>,
+    created_at: i64,
+    updated_at: i64,
 }
 
-pub(crate) fn channel_type(row: &AnyRow) -> Result<ChannelType> {
-    Ok(ChannelType {
-        name: get_str(row, "name")?,
-        max_message_length: get_i64(row, "max_message_length")?,
-        extra: get_json(row, "extra")?,
-        created_at: get_i64(row, "created_at")?,
-        updated_at: get_i64(row, "updated_at")?,
-    })
+impl TryFrom<ForkSummaryRow> for ForkSummary {
+    type Error = StoreError;
+
+    fn try_from(r: ForkSummaryRow) -> Result<ForkSummary, StoreError> {
+        let Some(status) = ForkStatus::parse(&r.status) else {
+            return Err(StoreError::Db(sqlx::Error::Decode(format!("unknown fork status {:?}", r.status).into())));
+        };
+        Ok(ForkSummary {
+            channel_cid: r.cid,
+            source_channel_cid: r.source_cid,
+            source_message_id: r.source_message_id,
+            status,
+            copied_message_count: r.copied_message_count,
+            total_message_count: r.total_message_count,
+            truncated: r.truncated.0,
+            oldest_source_message_id: r.oldest_source_message_id,
+            failed_reason: r.failed_reason,
+            task_id: r.task_id,
+            created_by_id: r.created_by_id,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+pub(crate) const CHANNEL_TYPE_COLS: &str = "name, max_message_length, extra, created_at, updated_at";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct ChannelTypeRow {
+    name: String,
+    max_message_length: i64,
+    extra: Json<Custom>,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl From<ChannelTypeRow> for ChannelType {
+    fn from(r: ChannelTypeRow) -> ChannelType {
+        ChannelType {
+            name: r.name,
+            max_message_length: r.max_message_length,
+            extra: r.extra.0,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// Rows into domain values.
+pub(crate) fn all<R, T: From<R>>(rows: Vec<R>) -> Vec<T> {
+    rows.into_iter().map(T::from).collect()
 }
 
 /// `$first, $first+1, …` for `n` values.

@@ -15,9 +15,8 @@
 //! then read member rows, never messages.
 
 use crate::rows;
-use crate::{Result, Tx};
+use crate::{counted, Result, Tx};
 use offshoot_core::model::Message;
-use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe};
 use std::collections::BTreeMap;
 
@@ -54,7 +53,7 @@ pub(crate) async fn count_new_message(tx: &mut Tx, m: &Message, truncated_at: Op
     if !m.restricted_visibility.is_empty() {
         q = q.bind(m.id.clone());
     }
-    q.execute(&mut *tx.tx).await?;
+    q.execute(counted(&mut *tx.tx)).await?;
     Ok(())
 }
 
@@ -77,7 +76,7 @@ pub(crate) async fn recount(tx: &mut Tx, cid: &str, user: Option<&str>) -> Resul
     if let Some(u) = user {
         q = q.bind(u.to_string());
     }
-    q.execute(&mut *tx.tx).await?;
+    q.execute(counted(&mut *tx.tx)).await?;
     Ok(())
 }
 
@@ -86,7 +85,7 @@ pub(crate) async fn clear(tx: &mut Tx, cid: &str, user: &str) -> Result<()> {
     sqlx::query("UPDATE member SET unread_count = 0 WHERE cid = $1 AND user_id = $2")
         .bind(cid.to_string())
         .bind(user.to_string())
-        .execute(&mut *tx.tx)
+        .execute(counted(&mut *tx.tx))
         .await?;
     Ok(())
 }
@@ -96,28 +95,39 @@ const TOTALS: &str = "SELECT mb.user_id AS user_id, CAST(SUM(mb.unread_count) AS
      CAST(SUM(CASE WHEN mb.unread_count > 0 THEN 1 ELSE 0 END) AS BIGINT) AS channels \
      FROM member mb JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL";
 
-fn totals(r: &AnyRow) -> Result<(String, UnreadCounts)> {
-    Ok((rows::get_str(r, "user_id")?, UnreadCounts { total: rows::get_i64(r, "total")?, channels: rows::get_i64(r, "channels")? }))
+/// One row of [`TOTALS`].
+#[derive(sqlx::FromRow)]
+struct Totals {
+    user_id: String,
+    total: i64,
+    channels: i64,
+}
+
+impl Totals {
+    fn pair(self) -> (String, UnreadCounts) {
+        (self.user_id, UnreadCounts { total: self.total, channels: self.channels })
+    }
 }
 
 /// One user's counters over all their channels (a read of their member rows).
 pub(crate) async fn counts_of(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id = $1 GROUP BY mb.user_id")))
+    let row: Option<Totals> = sqlx::query_as(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id = $1 GROUP BY mb.user_id")))
         .bind(user_id.to_string())
-        .fetch_optional(&mut *conn)
+        .fetch_optional(counted(&mut *conn))
         .await?;
-    Ok(row.as_ref().map(totals).transpose()?.map(|(_, c)| c).unwrap_or_default())
+    Ok(row.map(|r| r.pair().1).unwrap_or_default())
 }
 
 /// The counters of every member of `cid`, each over all their channels: what the events of a
 /// new message carry to each recipient.
 pub(crate) async fn counts_of_members(conn: &mut AnyConnection, cid: &str) -> Result<BTreeMap<String, UnreadCounts>> {
-    let rows: Vec<AnyRow> =
-        sqlx::query(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id")))
-            .bind(cid.to_string())
-            .fetch_all(&mut *conn)
-            .await?;
-    rows.iter().map(totals).collect()
+    let rows: Vec<Totals> = sqlx::query_as(AssertSqlSafe(format!(
+        "{TOTALS} WHERE mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id"
+    )))
+    .bind(cid.to_string())
+    .fetch_all(counted(&mut *conn))
+    .await?;
+    Ok(rows.into_iter().map(Totals::pair).collect())
 }
 
 /// The counters of each of `users` (those with no channel have none: zero).
@@ -126,10 +136,9 @@ pub(crate) async fn counts_of_users(conn: &mut AnyConnection, users: &[String]) 
         return Ok(BTreeMap::new());
     }
     let list = rows::placeholders(1, users.len());
-    let mut q = sqlx::query(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id IN ({list}) GROUP BY mb.user_id")));
+    let mut q = sqlx::query_as::<_, Totals>(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id IN ({list}) GROUP BY mb.user_id")));
     for u in users {
         q = q.bind(u.clone());
     }
-    let rows: Vec<AnyRow> = q.fetch_all(&mut *conn).await?;
-    rows.iter().map(totals).collect()
+    Ok(q.fetch_all(counted(&mut *conn)).await?.into_iter().map(Totals::pair).collect())
 }

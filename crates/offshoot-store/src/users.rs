@@ -1,13 +1,13 @@
 //! Users, bans and channel types.
 
-use crate::messages::bind_all;
+use crate::cache::ChannelTypes;
+use crate::messages::arguments;
 use crate::query::{user_condition, user_order, SqlBuilder};
-use crate::rows::{self, placeholders, USER_COLS};
+use crate::rows::{self, placeholders, ChannelTypeRow, UserRow, CHANNEL_TYPE_COLS, USER_COLS};
 use crate::{not_found, Result, Store};
 use offshoot_core::model::{ChannelType, Custom, User};
 use offshoot_core::query::{Filter, Sort, UserField, UserSortField};
 use offshoot_core::time;
-use sqlx::any::AnyRow;
 use sqlx::AssertSqlSafe;
 use std::collections::HashMap;
 
@@ -130,11 +130,11 @@ impl Store {
     }
 
     pub async fn get_user(&self, id: &str) -> Result<Option<User>> {
-        let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
+        let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
             .bind(id.to_string())
-            .fetch_optional(self.pool())
+            .fetch_optional(crate::counted(self.pool()))
             .await?;
-        row.as_ref().map(rows::user).transpose()
+        Ok(row.map(User::from))
     }
 
     /// Query Users: the users matching `filter`, in `sort` order (then by id).
@@ -154,8 +154,9 @@ impl Store {
             limit.clamp(0, 100),
             offset.clamp(0, 10_000)
         );
-        let rows: Vec<AnyRow> = bind_all(sqlx::query(AssertSqlSafe(sql)), &b.binds).fetch_all(self.pool()).await?;
-        rows.iter().map(rows::user).collect()
+        let rows: Vec<UserRow> =
+            sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(self.pool())).await?;
+        Ok(rows::all(rows))
     }
 
     pub async fn get_users(&self, ids: &[String]) -> Result<HashMap<String, User>> {
@@ -179,7 +180,8 @@ impl Store {
         };
         self.retrying("set_ban", || async {
             let mut tx = self.begin().await?;
-            let res = sqlx::query(sql).bind(banned).bind(time::now()).bind(user_id.to_string()).execute(&mut *tx.tx).await?;
+            let res =
+                sqlx::query(sql).bind(banned).bind(time::now()).bind(user_id.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
             if res.rows_affected() == 0 {
                 return not_found(format!("user with id {user_id:?} does not exist"));
             }
@@ -195,7 +197,7 @@ impl Store {
             let res = sqlx::query("UPDATE app_user SET banned = FALSE, shadow_banned = FALSE, updated_at = $1 WHERE id = $2")
                 .bind(time::now())
                 .bind(user_id.to_string())
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
             if res.rows_affected() == 0 {
                 return not_found(format!("user with id {user_id:?} does not exist"));
@@ -206,20 +208,23 @@ impl Store {
     }
 
     pub async fn channel_type(&self, name: &str) -> Result<Option<ChannelType>> {
-        let row: Option<AnyRow> =
-            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1")
-                .bind(name.to_string())
-                .fetch_optional(self.pool())
-                .await?;
-        row.as_ref().map(rows::channel_type).transpose()
+        Ok(self.channel_type_map().await?.get(name).cloned())
     }
 
+    /// Every channel type, by name.
     pub async fn channel_types(&self) -> Result<Vec<ChannelType>> {
-        let rows: Vec<AnyRow> =
-            sqlx::query("SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type ORDER BY name")
-                .fetch_all(self.pool())
-                .await?;
-        rows.iter().map(rows::channel_type).collect()
+        let mut types: Vec<ChannelType> = self.channel_type_map().await?.values().cloned().collect();
+        types.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(types)
+    }
+
+    /// The channel types, from memory when they are cached (`cache.rs`).
+    pub(crate) async fn channel_type_map(&self) -> Result<ChannelTypes> {
+        if let Some(t) = self.cache.cached_types() {
+            return Ok(t);
+        }
+        let mut conn = self.pool().acquire().await?;
+        self.cache.types(&mut conn).await
     }
 
     /// Creates or updates a channel type.
@@ -230,14 +235,12 @@ impl Store {
     async fn put_channel_type_once(&self, name: &str, max_message_length: Option<i64>, extra: &Custom) -> Result<ChannelType> {
         let mut tx = self.begin().await?;
         let now = time::now();
-        let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!(
-            "SELECT name, max_message_length, extra, created_at, updated_at FROM channel_type WHERE name = $1{}",
-            tx.for_update()
-        )))
-        .bind(name.to_string())
-        .fetch_optional(&mut *tx.tx)
-        .await?;
-        let ct = match row.as_ref().map(rows::channel_type).transpose()? {
+        let row: Option<ChannelTypeRow> =
+            sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_TYPE_COLS} FROM channel_type WHERE name = $1{}", tx.for_update())))
+                .bind(name.to_string())
+                .fetch_optional(crate::counted(&mut *tx.tx))
+                .await?;
+        let ct = match row.map(ChannelType::from) {
             Some(mut ct) => {
                 if let Some(m) = max_message_length {
                     ct.max_message_length = m;
@@ -251,7 +254,7 @@ impl Store {
                     .bind(serde_json::to_string(&ct.extra)?)
                     .bind(now)
                     .bind(name.to_string())
-                    .execute(&mut *tx.tx)
+                    .execute(crate::counted(&mut *tx.tx))
                     .await?;
                 ct
             }
@@ -271,62 +274,58 @@ impl Store {
                 .bind(ct.max_message_length)
                 .bind(serde_json::to_string(&ct.extra)?)
                 .bind(now)
-                .execute(&mut *tx.tx)
+                .execute(crate::counted(&mut *tx.tx))
                 .await?;
                 ct
             }
         };
-        tx.commit(self).await?;
+        self.commit_config_change(tx).await?;
         Ok(ct)
     }
 }
 
 /// Inserts a new user; false when the id exists already (nothing is written then).
 async fn insert_user(tx: &mut crate::Tx, user: &User) -> Result<bool> {
-    let res = sqlx::query(
+    let q = sqlx::query(
         "INSERT INTO app_user (id, role, name, image, language, teams, custom, invisible, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(user.id.clone())
-    .bind(user.role.clone())
-    .bind(user.name.clone())
-    .bind(user.image.clone())
-    .bind(user.language.clone())
-    .bind(serde_json::to_string(&user.teams)?)
-    .bind(serde_json::to_string(&user.custom)?)
-    .bind(user.invisible)
-    .bind(user.created_at)
-    .execute(&mut *tx.tx)
-    .await?;
+    );
+    let res = bind_user_fields(q, user)?.bind(user.created_at).execute(crate::counted(&mut *tx.tx)).await?;
     Ok(res.rows_affected() == 1)
+}
+
+/// Binds `$1`…`$8` of a user write: the id and the fields an upsert or update may set, in the
+/// order both statements name them.
+fn bind_user_fields<'q>(
+    q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    user: &User,
+) -> Result<sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>> {
+    Ok(q.bind(user.id.clone())
+        .bind(user.role.clone())
+        .bind(user.name.clone())
+        .bind(user.image.clone())
+        .bind(user.language.clone())
+        .bind(serde_json::to_string(&user.teams)?)
+        .bind(serde_json::to_string(&user.custom)?)
+        .bind(user.invisible))
 }
 
 /// Reads a user and locks its row until the transaction ends.
 async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
-    let row: Option<AnyRow> = sqlx::query(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
+    let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
         .bind(id.to_string())
-        .fetch_optional(&mut *tx.tx)
+        .fetch_optional(crate::counted(&mut *tx.tx))
         .await?;
-    row.as_ref().map(rows::user).transpose()
+    Ok(row.map(User::from))
 }
 
 /// Writes the fields a user update may change. Bans, `created_at` and `last_active` are
 /// written only by their own single statements, so no update can undo them.
 async fn update_user(tx: &mut crate::Tx, user: &User) -> Result<()> {
-    sqlx::query(
+    let q = sqlx::query(
         "UPDATE app_user SET role = $2, name = $3, image = $4, language = $5, teams = $6, custom = $7, invisible = $8, updated_at = $9 WHERE id = $1",
-    )
-    .bind(user.id.clone())
-    .bind(user.role.clone())
-    .bind(user.name.clone())
-    .bind(user.image.clone())
-    .bind(user.language.clone())
-    .bind(serde_json::to_string(&user.teams)?)
-    .bind(serde_json::to_string(&user.custom)?)
-    .bind(user.invisible)
-    .bind(user.updated_at)
-    .execute(&mut *tx.tx)
-    .await?;
+    );
+    bind_user_fields(q, user)?.bind(user.updated_at).execute(crate::counted(&mut *tx.tx)).await?;
     Ok(())
 }
 
@@ -368,12 +367,11 @@ pub(crate) async fn load_users(conn: &mut sqlx::AnyConnection, ids: &[String]) -
     let mut out = HashMap::new();
     for chunk in ids.chunks(500) {
         let sql = format!("SELECT {USER_COLS} FROM app_user WHERE id IN ({})", placeholders(1, chunk.len()));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
+        let mut q = sqlx::query_as::<_, UserRow>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
         }
-        for row in q.fetch_all(&mut *conn).await? {
-            let u = rows::user(&row)?;
+        for u in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(User::from) {
             out.insert(u.id.clone(), u);
         }
     }

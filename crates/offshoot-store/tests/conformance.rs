@@ -22,31 +22,11 @@ mod forks;
 mod messages;
 #[path = "conformance/outbox.rs"]
 mod outbox;
+#[path = "conformance/schema.rs"]
+mod schema;
 
 use offshoot_store::{Backend, Store};
-use std::collections::BTreeSet;
 use support::{test_backend, with_store, TestBackend, TestDb};
-
-fn migration_names(dir: &str) -> BTreeSet<String> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations").join(dir);
-    std::fs::read_dir(&path)
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-        .map(|entry| entry.expect("directory entry").file_name().to_string_lossy().into_owned())
-        .filter(|name| name.ends_with(".sql"))
-        .collect()
-}
-
-#[test]
-fn sqlite_and_postgres_migrations_have_the_same_versions() {
-    let sqlite = migration_names("sqlite");
-    let postgres = migration_names("postgres");
-    assert!(!sqlite.is_empty(), "migrations/sqlite holds no migrations");
-    assert_eq!(sqlite, postgres, "migrations/sqlite and migrations/postgres must hold the same file names");
-    for name in &sqlite {
-        let version = name.split('_').next().unwrap_or_default();
-        assert!(!version.is_empty() && version.chars().all(|c| c.is_ascii_digit()), "{name} does not start with a version number");
-    }
-}
 
 #[tokio::test]
 async fn connect_migrates_a_fresh_database_and_a_second_connect_is_a_no_op() {

@@ -167,7 +167,7 @@ async fn queue_new(shared: &Shared) -> Result<(), BoxDynError> {
         }
         shared.pools.push_deliveries(jobs).await?;
         // False: another worker queued this range first (its jobs collided with ours).
-        let advanced = store.advance_cursor_from(CURSOR, from, to, &[]).await?;
+        let advanced = store.advance_cursor_from(CURSOR, from, to).await?;
         if advanced && (batch.len() as i64) < BATCH {
             return Ok(());
         }

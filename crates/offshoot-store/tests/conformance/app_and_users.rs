@@ -213,3 +213,88 @@ async fn put_channel_type_creates_a_type_and_later_updates_its_limit_and_merges_
     })
     .await;
 }
+
+/// Reads `read` until `done` holds for its result, for at most ten seconds.
+async fn eventually<T, F, Fut>(what: &str, read: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let value = read().await;
+        if done(&value) {
+            return value;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Settings and channel types are read from memory once cached, and a change reaches every
+/// store: the changing one at once, another process's (on PostgreSQL, where several share the
+/// database) through NOTIFY while its listener runs. Without the listener it reads the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_settings_and_channel_types_follow_changes_made_here_and_in_another_process() {
+    use offshoot_store::{count_statements, Backend, Store};
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        s.ensure_app(None, None).await.expect("app");
+        s.app_settings().await.expect("settings");
+        s.channel_type("agent").await.expect("type");
+        if s.backend() == Backend::Sqlite {
+            assert_eq!(count_statements(s.app_settings()).await.1, 0, "settings come from memory");
+            assert_eq!(count_statements(s.channel_type("agent")).await.1, 0, "channel types come from memory");
+        }
+        s.update_app_settings(|a| {
+            a.fork_enabled = false;
+            Ok(())
+        })
+        .await
+        .expect("change settings");
+        assert!(!s.app_settings().await.expect("settings").fork_enabled, "the changing store sees its change");
+        s.put_channel_type("agent", Some(77), &Map::new()).await.expect("change type");
+        assert_eq!(s.channel_type("agent").await.expect("type").expect("agent").max_message_length, 77);
+        if s.backend() != Backend::Postgres {
+            return;
+        }
+
+        let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
+        assert!(count_statements(other.app_settings()).await.1 > 0, "without its listener the other store reads the database");
+        let (stop, relay) = crate::support::spawn_relay(&other);
+        eventually(
+            "the other store never served the settings from memory (its listener did not start)",
+            || async {
+                other.app_settings().await.expect("settings");
+                other.channel_type("agent").await.expect("type");
+                (count_statements(other.app_settings()).await.1, count_statements(other.channel_type("agent")).await.1)
+            },
+            |n| *n == (0, 0),
+        )
+        .await;
+        s.update_app_settings(|a| {
+            a.fork_enabled = true;
+            Ok(())
+        })
+        .await
+        .expect("change settings again");
+        s.put_channel_type("agent", Some(5000), &Map::new()).await.expect("change the type again");
+        eventually(
+            "the other store kept its cached settings after the change",
+            || async { other.app_settings().await.expect("settings").fork_enabled },
+            |enabled| *enabled,
+        )
+        .await;
+        eventually(
+            "the other store kept its cached channel type after the change",
+            || async { other.channel_type("agent").await.expect("type").expect("agent").max_message_length },
+            |n| *n == 5000,
+        )
+        .await;
+        let _ = stop.send(());
+        relay.await.expect("the relay stops");
+        assert!(count_statements(other.app_settings()).await.1 > 0, "without its listener the other store reads the database again");
+        other.close().await;
+    })
+    .await;
+}

@@ -1,10 +1,10 @@
 //! Channels, members, read state, deletion and Query Channels.
 
-use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member, msg, user, user_input, with_store};
-use offshoot_core::model::{NewMessage, Viewer};
+use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member, msg, reply, user, user_input, with_store};
+use offshoot_core::model::{NewMessage, Reaction, Viewer};
 use offshoot_core::query::{channel_sort_field, parse_filter, parse_sort, ChannelSortField, Sort};
 use offshoot_core::ErrorKind;
-use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel};
+use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir, ReadMark, Store};
 use serde_json::{json, Map, Value};
 
 fn custom(v: Value) -> Map<String, Value> {
@@ -207,6 +207,10 @@ async fn a_hard_deleted_channel_loses_its_messages_reactions_members_and_read_st
     .await;
 }
 
+fn mark(user_id: &str, last_read: i64, message_id: Option<&str>) -> ReadMark {
+    ReadMark { user_id: user_id.into(), last_read, last_read_message_id: message_id.map(str::to_string) }
+}
+
 #[tokio::test]
 async fn mark_read_records_the_read_state_per_user() {
     with_store(|ctx| async move {
@@ -215,17 +219,10 @@ async fn mark_read_records_the_read_state_per_user() {
         let m = s.send_message(&ch.cid, &msg("r1", "hi"), &user("amy")).await.expect("send");
         let t1 = s.mark_read(&ch.cid, &user("ben"), None).await.expect("read");
         let t2 = s.mark_read(&ch.cid, &user("amy"), Some(&m.id)).await.expect("read");
-        assert_eq!(
-            s.read_states(&ch.cid).await.expect("states"),
-            vec![("amy".to_string(), t2, Some("r1".to_string())), ("ben".to_string(), t1, None)]
-        );
+        assert_eq!(s.read_states(&ch.cid).await.expect("states"), vec![mark("amy", t2, Some("r1")), mark("ben", t1, None)]);
         let t3 = s.mark_read(&ch.cid, &user("ben"), Some("r1")).await.expect("read again");
         assert!(t3 >= t1);
-        assert_eq!(
-            s.read_states(&ch.cid).await.expect("states")[1],
-            ("ben".to_string(), t3, Some("r1".to_string())),
-            "a second read updates the row"
-        );
+        assert_eq!(s.read_states(&ch.cid).await.expect("states")[1], mark("ben", t3, Some("r1")), "a second read updates the row");
         assert_kind(s.mark_read("agent:none", &user("ben"), None).await, ErrorKind::NotFound);
     })
     .await;
@@ -408,6 +405,79 @@ async fn query_channels_takes_streams_operators_on_built_in_and_custom_fields() 
             })
             .await;
         assert_kind(err, ErrorKind::Input);
+    })
+    .await;
+}
+
+/// Creates `n` channels of the same shape: two members, a pinned message, a quote of it, a
+/// reply in its thread, a reaction and a read mark.
+async fn seed_channels(s: &Store, first: usize, n: usize) {
+    for i in first..first + n {
+        let ch = agent_channel(s, &format!("qc{i}"), &["amy", "ben"]).await;
+        let top = format!("qc{i}-top");
+        s.send_message(&ch.cid, &NewMessage { pinned: true, ..msg(&top, "pinned") }, &user("amy")).await.expect("send");
+        let quote = NewMessage { quoted_message_id: Some(top.clone()), ..msg(&format!("qc{i}-quote"), "quoting") };
+        s.send_message(&ch.cid, &quote, &user("ben")).await.expect("quote");
+        s.send_message(&ch.cid, &reply(&format!("qc{i}-reply"), &top, "in the thread"), &user("ben")).await.expect("reply");
+        s.add_reaction(&top, &Reaction { kind: "like".into(), score: 1, ..Default::default() }, false, &user("ben")).await.expect("react");
+        s.mark_read(&ch.cid, &user("amy"), Some(&top)).await.expect("read");
+    }
+}
+
+/// What Query Channels reads: the channels, then their states. Returns the statements sent.
+async fn query_channels_statements(s: &Store, viewer: &Viewer, expected: usize) -> u64 {
+    let ((), statements) = offshoot_store::count_statements(async {
+        let f = ChannelFilter { member_of: viewer.user_id().map(str::to_string), limit: 100, ..Default::default() };
+        let channels = s.query_channels(&f).await.expect("query channels");
+        assert_eq!(channels.len(), expected);
+        let states = s.channel_states(&channels, viewer, 25, 100).await.expect("channel states");
+        for (ch, state) in channels.iter().zip(&states) {
+            assert_eq!(state.messages.len(), 2, "{}: the pinned message and its quote", ch.cid);
+            assert!(state.messages[1].quoted_message.is_some(), "the quote is filled in");
+            assert_eq!(state.messages[0].reaction_counts.len(), 1, "the reaction is counted");
+            assert_eq!(state.messages[0].thread_participants.len(), 1, "the thread has its participant");
+            assert_eq!((state.pinned.len(), state.members.len(), state.reads.len()), (1, 2, 2));
+            assert!(ch.config.is_some() && ch.created_by.is_some(), "the channel is hydrated");
+        }
+    })
+    .await;
+    statements
+}
+
+#[tokio::test]
+async fn query_channels_sends_the_same_number_of_statements_for_two_channels_and_for_eight() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        for viewer in [Viewer::Server, crate::support::viewer("amy")] {
+            seed_channels(s, 0, 2).await;
+            let few = query_channels_statements(s, &viewer, 2).await;
+            seed_channels(s, 2, 6).await;
+            let many = query_channels_statements(s, &viewer, 8).await;
+            assert!(few > 0, "statements are counted");
+            assert_eq!(few, many, "the statements of a Query Channels call grow with its channels ({viewer:?})");
+            for i in 0..8 {
+                s.delete_channel(&format!("agent:qc{i}"), true, None).await.expect("clean up");
+            }
+        }
+    })
+    .await;
+}
+
+/// One channel read with `channel_states` and with `channel_state` (the single-channel path)
+/// gives the same state.
+#[tokio::test]
+async fn channel_states_and_channel_state_agree() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        seed_channels(s, 0, 3).await;
+        let viewer = crate::support::viewer("amy");
+        let channels = s.query_channels(&ChannelFilter { limit: 10, ..Default::default() }).await.expect("query");
+        let batch = s.channel_states(&channels, &viewer, 25, 100).await.expect("batch");
+        for (ch, state) in channels.iter().zip(batch) {
+            let one = s.channel_state(ch, &viewer, &Page { limit: 25, dir: PageDir::Latest }, 100).await.expect("one");
+            assert_eq!(format!("{state:?}"), format!("{one:?}"), "{}", ch.cid);
+            assert!(state.is_member);
+        }
     })
     .await;
 }

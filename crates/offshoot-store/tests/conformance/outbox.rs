@@ -1,5 +1,5 @@
 //! The transactional outbox: the events each change writes, reading them in order, consumer
-//! cursors, webhook deliveries and client events.
+//! cursors and client events.
 
 use crate::support::{agent_channel, events_since, kinds, member, msg, user, watchers_and_hooks, with_store};
 use offshoot_core::model::{Audience, Event, Reaction};
@@ -23,8 +23,6 @@ async fn publish_n(s: &Store, n: i64) {
         s.publish(custom_event("custom.ping", i), watchers_and_hooks("agent:x")).await.expect("publish");
     }
 }
-
-const HOOK: &str = "http://127.0.0.1:9/hook";
 
 #[tokio::test]
 async fn every_change_writes_its_events_to_the_outbox_in_order() {
@@ -168,7 +166,7 @@ async fn publish_stores_a_client_event_as_given_and_wakes_waiters() {
 }
 
 #[tokio::test]
-async fn a_cursor_starts_at_the_end_of_the_outbox_and_only_moves_forward() {
+async fn a_cursor_starts_at_the_end_of_the_outbox_and_stays_where_it_was_moved() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         publish_n(s, 2).await;
@@ -177,45 +175,11 @@ async fn a_cursor_starts_at_the_end_of_the_outbox_and_only_moves_forward() {
         publish_n(s, 2).await;
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), start, "an existing cursor stays where it is");
         let end = s.last_event_seq().await.expect("seq");
-        s.advance_cursor("hooks", end, &[]).await.expect("advance");
+        assert!(s.advance_cursor_from("hooks", start, end).await.expect("advance"));
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), end);
-        s.advance_cursor("hooks", start, &[]).await.expect("advance backwards");
-        assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), end, "a cursor never moves back");
+        assert!(!s.advance_cursor_from("hooks", start, start).await.expect("move back"), "a cursor that moved on cannot be set back");
+        assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), end);
         assert_eq!(s.outbox_cursor("other").await.expect("cursor"), end, "each consumer has its own cursor");
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn advanced_deliveries_come_due_in_seq_order_and_are_retried_or_finished() {
-    with_store(|ctx| async move {
-        let s = &ctx.store;
-        let start = s.outbox_cursor("hooks").await.expect("cursor");
-        publish_n(s, 3).await;
-        let events = s.events_after(start, 10).await.expect("events");
-        let deliveries: Vec<(i64, String)> =
-            vec![(events[2].seq, HOOK.into()), (events[0].seq, HOOK.into()), (events[1].seq, "http://127.0.0.1:9/other".into())];
-        s.advance_cursor("hooks", events[2].seq, &deliveries).await.expect("advance with deliveries");
-        let due = s.due_deliveries(10).await.expect("due");
-        assert_eq!(due.iter().map(|d| d.1.seq).collect::<Vec<_>>(), events.iter().map(|e| e.seq).collect::<Vec<_>>(), "oldest event first");
-        assert!(due.iter().all(|d| d.3 == 0), "no attempts yet");
-        assert_eq!(due[1].2, "http://127.0.0.1:9/other");
-        assert_eq!(due[0].1.event, events[0].event, "a delivery carries its event");
-        assert_eq!(s.due_deliveries(1).await.expect("due").len(), 1, "limit applies");
-
-        let hour = 3_600 * 1_000_000_000;
-        s.finish_delivery(&due[0].0, Some(time::now() + hour)).await.expect("retry later");
-        s.finish_delivery(&due[1].0, None).await.expect("done");
-        let due_now = s.due_deliveries(10).await.expect("due");
-        assert_eq!(
-            due_now.iter().map(|d| d.0.clone()).collect::<Vec<_>>(),
-            vec![due[2].0.clone()],
-            "a retry waits, a finished delivery is gone"
-        );
-        s.finish_delivery(&due[0].0, Some(time::now() - 1)).await.expect("retry now");
-        let due_now = s.due_deliveries(10).await.expect("due");
-        assert_eq!(due_now.len(), 2);
-        assert_eq!((due_now[0].0.clone(), due_now[0].3), (due[0].0.clone(), 2), "each retry counts an attempt");
     })
     .await;
 }
@@ -227,61 +191,12 @@ async fn advance_cursor_from_only_moves_a_cursor_that_is_still_where_the_caller_
         let from = s.outbox_cursor("hooks").await.expect("cursor");
         publish_n(s, 2).await;
         let to = s.last_event_seq().await.expect("seq");
-        assert!(!s.advance_cursor_from("hooks", from + 1, to, &[(to, HOOK.into())]).await.expect("stale cas"), "a stale `from` loses");
+        assert!(!s.advance_cursor_from("hooks", from + 1, to).await.expect("stale cas"), "a stale `from` loses");
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), from);
-        assert!(s.due_deliveries(10).await.expect("due").is_empty(), "the loser queues nothing");
-        assert!(s.advance_cursor_from("hooks", from, to, &[(to, HOOK.into())]).await.expect("cas"));
+        assert!(s.advance_cursor_from("hooks", from, to).await.expect("cas"));
         assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), to);
-        assert_eq!(s.due_deliveries(10).await.expect("due").len(), 1);
-        assert!(
-            !s.advance_cursor_from("hooks", from, to, &[(to, HOOK.into())]).await.expect("second cas"),
-            "the same move cannot happen twice"
-        );
-        assert_eq!(s.due_deliveries(10).await.expect("due").len(), 1, "so nothing is queued twice");
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn a_claimed_delivery_is_leased_to_one_worker_until_it_is_finished() {
-    with_store(|ctx| async move {
-        let s = &ctx.store;
-        let from = s.outbox_cursor("hooks").await.expect("cursor");
-        publish_n(s, 1).await;
-        let seq = s.last_event_seq().await.expect("seq");
-        s.advance_cursor("hooks", seq, &[(seq, HOOK.into())]).await.expect("advance");
-        assert!(seq > from);
-        let (id, _, _, attempts) = s.due_deliveries(10).await.expect("due").remove(0);
-        let lease = time::now() + 60 * 1_000_000_000;
-        assert!(s.claim_delivery(&id, attempts, lease).await.expect("claim"));
-        assert!(!s.claim_delivery(&id, attempts, lease).await.expect("claim again"), "a leased delivery cannot be claimed twice");
-        assert!(s.due_deliveries(10).await.expect("due").is_empty(), "a leased delivery is not due");
-        s.finish_delivery(&id, Some(time::now() - 1)).await.expect("failed attempt, retry now");
-        assert!(!s.claim_delivery(&id, attempts, lease).await.expect("claim with a stale attempt count"));
-        assert!(s.claim_delivery(&id, attempts + 1, lease).await.expect("claim the retry"));
-        s.finish_delivery(&id, None).await.expect("done");
-        assert!(!s.claim_delivery(&id, attempts + 1, lease).await.expect("claim a finished delivery"));
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn a_fork_that_starts_backfilling_wakes_fork_notify() {
-    with_store(|ctx| async move {
-        let s = &ctx.store;
-        let src = crate::support::agent_channel(s, "wake", &[]).await;
-        let ids = crate::support::seed(s, &src.cid, "amy", "m", 101, crate::support::BASE_TS).await;
-        let forks = s.fork_notify();
-        let req = offshoot_store::ForkRequest {
-            source_cid: src.cid.clone(),
-            message_id: ids[100].clone(),
-            target_id: "wakef".into(),
-            ..Default::default()
-        };
-        let out = s.create_fork(&req).await.expect("fork");
-        assert_eq!(out.fork.status, offshoot_core::model::ForkStatus::Backfilling);
-        // notify_one keeps a permit for the next waiter, so waiting after the commit works.
-        tokio::time::timeout(Duration::from_secs(5), forks.notified()).await.expect("a backfilling fork wakes the worker");
+        assert!(!s.advance_cursor_from("hooks", from, to).await.expect("second cas"), "the same move cannot happen twice");
+        assert_eq!(s.outbox_cursor("hooks").await.expect("cursor"), to);
     })
     .await;
 }
@@ -303,17 +218,7 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
     with_store(|ctx| async move {
         let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
         if ctx.store.backend() == offshoot_store::Backend::Postgres {
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let relay = tokio::spawn({
-                let other = other.clone();
-                async move {
-                    other
-                        .relay_notifications(async {
-                            let _ = stopped.await;
-                        })
-                        .await
-                }
-            });
+            let (stop, relay) = crate::support::spawn_relay(&other);
             let events = other.event_notify();
             // The listener connects in the background: publish until the other store hears
             // one, within a bounded time.
@@ -340,20 +245,20 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
 }
 
 #[tokio::test]
-async fn pruning_deletes_only_old_events_every_cursor_passed_and_no_delivery_needs() {
+async fn pruning_deletes_only_old_events_every_cursor_passed() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         let start = s.outbox_cursor("hooks").await.expect("cursor");
         publish_n(s, 4).await;
         let events = s.events_after(start, 10).await.expect("events");
-        // The cursor has passed the first three; the second still has a delivery queued.
-        s.advance_cursor("hooks", events[2].seq, &[(events[1].seq, HOOK.into())]).await.expect("advance");
+        // The cursor has passed the first three.
+        assert!(s.advance_cursor_from("hooks", start, events[2].seq).await.expect("advance"));
         let later = time::now() + 1_000_000_000;
         assert_eq!(s.prune_events(time::now() - 3_600 * 1_000_000_000).await.expect("prune"), 0, "nothing is old enough");
         let deleted = s.prune_events(later).await.expect("prune");
-        assert_eq!(deleted, 2, "the first and third event go");
+        assert_eq!(deleted, 3, "the events the cursor passed go");
         let left: Vec<i64> = s.events_after(start, 10).await.expect("events").iter().map(|e| e.seq).collect();
-        assert_eq!(left, vec![events[1].seq, events[3].seq], "a queued delivery and an unread event stay");
+        assert_eq!(left, vec![events[3].seq], "an unread event stays");
     })
     .await;
 }

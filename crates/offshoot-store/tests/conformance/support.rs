@@ -63,9 +63,15 @@ enum Cleanup {
 static PG_CREATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl TestDb {
+    /// A fresh database on the backend under test.
     pub async fn new() -> TestDb {
+        TestDb::on(test_backend()).await
+    }
+
+    /// A fresh database on `backend`, whichever backend is under test.
+    pub async fn on(backend: TestBackend) -> TestDb {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        match test_backend() {
+        match backend {
             TestBackend::Sqlite => {
                 let path = PathBuf::from(format!("/tmp/offshoot-store-{id}.db"));
                 TestDb { url: format!("sqlite://{}?mode=rwc", path.display()), cleanup: Cleanup::Sqlite(path) }
@@ -148,6 +154,21 @@ where
         }
         panic!("the test body was cancelled: {e}");
     }
+}
+
+/// Runs `store`'s notification relay (as a process does) until the returned sender is used
+/// or dropped; the handle ends when the relay has stopped.
+pub fn spawn_relay(store: &Store) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let store = store.clone();
+    let relay = tokio::spawn(async move {
+        store
+            .relay_notifications(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, relay)
 }
 
 // ---- races ----------------------------------------------------------------------------------
