@@ -103,8 +103,11 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
     let mut deleted = std::collections::HashSet::new();
     let mut requests = 0;
     let mut written = 0;
-    // Messages of the previous chunk, which this chunk may reply to, quote, react to or delete.
+    // Visible messages (id, top-level) of the previous chunk, which this chunk may reply to,
+    // quote or react to, and of the one before, from which it deletes a few: nothing is
+    // deleted while a request that points at it may be in flight.
     let mut previous: Vec<(String, bool)> = Vec::new();
+    let mut older: Vec<(String, bool)> = Vec::new();
     while written < n {
         let count = CHUNK.min(n - written);
         let mut reqs = Vec::with_capacity(count + count / 4);
@@ -146,7 +149,9 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
             } else if rng.below(4) == 0 {
                 m["client"] = json!({"app": "web", "version": "3.2.1"});
             }
-            this_chunk.push((mid.clone(), !reply));
+            if !shadowed {
+                this_chunk.push((mid.clone(), !reply));
+            }
             if !reply {
                 top.push(mid.clone());
                 if !shadowed {
@@ -160,6 +165,8 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
                 let kinds = ["like", "love", "haha", "wow"];
                 reqs.push(Req::React { id: pid.clone(), kind: kinds[rng.below(kinds.len())], user: HUMANS[rng.below(HUMANS.len())] });
             }
+        }
+        for (pid, _) in &older {
             if rng.below(300) == 0 {
                 deleted.insert(pid.clone());
                 reqs.push(Req::Delete(pid.clone()));
@@ -186,7 +193,7 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
             r.with_context(|| format!("writing the source {id}"))?;
         }
         written += count;
-        previous = this_chunk;
+        older = std::mem::replace(&mut previous, this_chunk);
     }
     visible_top.retain(|m| !deleted.contains(m));
     // The fork point: the newest visible top-level message as the channel reads it.
