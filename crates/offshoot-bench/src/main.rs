@@ -581,7 +581,7 @@ async fn send_rate(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
     let step = Duration::from_secs_f64(args.step_secs.min(5.0));
     let mut best = None;
     let mut steps = Vec::new();
-    for rate in [250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0] {
+    for rate in [100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0] {
         let run = send_at(api, &channels, rate, step, None).await;
         let ok = run.errors == 0 && run.p(99.0) <= Duration::from_millis(50) && run.rate() >= 0.95 * rate;
         steps.push(format!(

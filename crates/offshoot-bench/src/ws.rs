@@ -311,7 +311,7 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
     let api = &server.api;
     let ws_base = api.base.replacen("http", "ws", 1);
     seed::users(api).await?;
-    let steps: &[usize] = if args.quick { &[10, 50, 100] } else { &[25, 50, 100, 150, 200, 300] };
+    let steps: &[usize] = if args.quick { &[5, 10, 50, 100] } else { &[5, 10, 25, 50, 100, 150, 200, 300] };
     let mut best = 0;
     let mut lines = Vec::new();
     for &streams in steps {
