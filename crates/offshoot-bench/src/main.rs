@@ -279,7 +279,7 @@ where
 
 /// A chat message of a user or an agent, about the size of real ones.
 fn chat_message(i: u64) -> Value {
-    let user = if i % 2 == 0 { seed::HUMANS[(i / 2 % 4) as usize] } else { seed::AGENTS[(i / 2 % 2) as usize] };
+    let user = if i.is_multiple_of(2) { seed::HUMANS[(i / 2 % 4) as usize] } else { seed::AGENTS[(i / 2 % 2) as usize] };
     let mut rng = seed::Rng::new(i);
     let mut m = json!({"text": seed::text(&mut rng, 40, 400), "user_id": user});
     if i % 2 == 1 {
