@@ -30,6 +30,10 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Clients send only heartbeats and the auth frame.
 const MAX_INCOMING: usize = 64 * 1024;
+/// The WebSocket read buffer of each connection. The library's default (128 KiB) is filled
+/// with zeros up to its capacity on every read, so it is resident for every idle connection
+/// (145 KiB per connection in BENCHMARKS.md, figure d); frames from clients are small.
+const READ_BUFFER: usize = 4 * 1024;
 
 /// Close codes: 1000 stops JS from reconnecting (a rejected connection); 1001 and 1013 make
 /// it reconnect and recover its channels.
@@ -78,7 +82,7 @@ pub(crate) async fn connect_legacy(
         Ok(admitted) => admitted,
         Err(refused) => return *refused,
     };
-    ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+    ws.max_message_size(MAX_INCOMING).read_buffer_size(READ_BUFFER).on_upgrade(move |socket| async move {
         let _slot = slot;
         let (mut sink, source) = socket.split();
         let creds = legacy_credentials(&params);
@@ -103,7 +107,7 @@ pub(crate) async fn connect_v2(
         Ok(admitted) => admitted,
         Err(refused) => return *refused,
     };
-    ws.max_message_size(MAX_INCOMING).on_upgrade(move |socket| async move {
+    ws.max_message_size(MAX_INCOMING).read_buffer_size(READ_BUFFER).on_upgrade(move |socket| async move {
         let _slot = slot;
         let (mut sink, mut source) = socket.split();
         let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
