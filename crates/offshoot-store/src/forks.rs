@@ -648,7 +648,7 @@ async fn copy_newest_page(
     let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
     let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
     page.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
-    let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+    let limits = SizeLimits::for_max_message_length(source.max_message_length());
     let mut map = Map::new();
     let (_, failure) = copy_messages(tx, fork_cid, &page, req.exclude_attachments, limits, &mut map).await?;
     sqlx::query("UPDATE fork SET first_page_map = $1, copied_message_count = (SELECT COUNT(*) FROM message WHERE cid = $2) WHERE cid = $2")
@@ -902,7 +902,7 @@ async fn copy_next_page(
     binds.push(Bind::S(cursor.1.clone()));
     let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
     let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
-    let limits = SizeLimits::for_max_message_length(source.config.as_ref().map(|c| c.max_message_length).unwrap_or(5000));
+    let limits = SizeLimits::for_max_message_length(source.max_message_length());
     let mut map = Map::new();
     let (copied, failure) = copy_messages(tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
     if let Some(last) = page.last() {

@@ -261,7 +261,7 @@ impl Store {
             None => {
                 let ct = ChannelType {
                     name: name.to_string(),
-                    max_message_length: max_message_length.unwrap_or(5000),
+                    max_message_length: max_message_length.unwrap_or(offshoot_core::model::DEFAULT_MAX_MESSAGE_LENGTH),
                     extra: extra.clone(),
                     created_at: now,
                     updated_at: now,
