@@ -677,14 +677,7 @@ async fn announce_created(tx: &mut Tx, fork_cid: &str, creator: Option<User>) ->
 }
 
 impl Store {
-    /// Forks still copying, oldest first.
-    pub async fn backfilling_forks(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar("SELECT cid FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")
-            .fetch_all(crate::counted(self.pool()))
-            .await?)
-    }
-
-    /// Every backfilling fork with the time its row last changed (each committed page moves
+    /// Every backfilling fork, oldest first, with the time its row last changed (each committed page moves
     /// it): the worker's reconciler tells a backfill that makes progress from a stalled one.
     pub async fn backfilling_progress(&self) -> Result<Vec<(String, i64)>> {
         Ok(sqlx::query_as("SELECT cid, updated_at FROM fork WHERE status = 'backfilling' ORDER BY created_at, cid")

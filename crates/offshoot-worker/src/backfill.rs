@@ -12,7 +12,7 @@ use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use offshoot_store::BackfillStep;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -130,7 +130,8 @@ pub async fn reconcile(shared: &Shared, watch: &mut Watch, stall_after: Duration
     }
     let now = Instant::now();
     let forks = shared.store.backfilling_progress().await?;
-    watch.seen.retain(|cid, _| forks.iter().any(|(c, _)| c == cid));
+    let current: HashSet<&str> = forks.iter().map(|(cid, _)| cid.as_str()).collect();
+    watch.seen.retain(|cid, _| current.contains(cid.as_str()));
     let mut done = Reconciled::default();
     for (cid, updated_at) in forks {
         let seen = watch.seen.entry(cid.clone()).or_insert((updated_at, now));
