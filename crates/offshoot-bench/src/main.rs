@@ -14,6 +14,8 @@
 //! - e. agent streaming: concurrent streams of 20 partial updates/s with `ai_indicator` events;
 //! - f. the highest sustained send rate with p99 ≤ 50 ms, stepping the offered rate;
 //! - g. Query Channels for a user in 30 channels of 100 messages;
+//! - t. fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (issue 6's
+//!   figure, the one the apalis worker is compared on);
 //! - the message-id lookup of 1,000 ids and webhook deliveries per second.
 //!
 //! The load generator is this process (reqwest and tokio-tungstenite); it raises its own
@@ -59,7 +61,8 @@ impl Backend {
 
 pub struct Args {
     backends: Vec<Backend>,
-    /// The figures to take (letters a–g, plus `l` lookup and `w` webhooks).
+    /// The figures to take (letters a–g, plus `l` lookup, `t` fork to completion by size and
+    /// `w` webhooks).
     only: String,
     quick: bool,
     /// Measured forks per source for the synchronous latency (after warm-up forks).
@@ -86,7 +89,7 @@ impl Args {
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
     let mut args = Args {
         backends: vec![Backend::Sqlite, Backend::Postgres],
-        only: "abcdefglw".into(),
+        only: "abcdefgltw".into(),
         quick: false,
         forks: 40,
         reps: 3,
@@ -123,7 +126,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
             "--pg-url" => args.pg_url = value()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefglw] [--forks N] [--reps N] [--clients N] [--pg-url URL]\n\
+                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--pg-url URL]\n\
                      PostgreSQL: --pg-url or OFFSHOOT_BENCH_PG_URL (default {DEFAULT_PG_URL}); fresh databases are created there and dropped.\n\
                      --quick: small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps."
                 );
@@ -414,6 +417,9 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
             sends_during_backfills(api, &source, args, report).await?;
         }
     }
+    if args.wants('t') {
+        completion_sizes(api, args, report).await?;
+    }
     if args.wants('g') {
         query_channels(api, args, report).await?;
     }
@@ -429,27 +435,16 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
 /// b. Fork to completion (`channel.forked` is written in the transaction that completes the
 /// task) against the floor. Returns a completed fork's id.
 async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, report: &mut Report) -> Result<String> {
-    let api = &server.api;
-    let mut times = Vec::new();
-    let mut copied = 0;
-    let mut last = String::new();
-    for rep in 0..args.reps {
-        let target = format!("{}-full-{rep}", source.id);
-        let started = Instant::now();
-        let (resp, _) = api.fork(&source.id, &source.newest, &target).await?;
-        let summary = api.wait_for_fork(&resp["fork"], &target).await?;
-        times.push(started.elapsed());
-        copied = summary["copied_message_count"].as_i64().unwrap_or(0);
-        last = target;
-    }
-    let med = median(&times);
+    let done = to_completion(&server.api, source, args.reps, "full").await?;
+    let (med, copied) = (done.median(), done.copied);
     report.add(format!(
         "b. fork to channel.forked, realistic {}-message source: median {} ({copied} copied, {:.0} messages/s; runs: {})",
         source.written,
         ms(med),
         copied as f64 / med.as_secs_f64(),
-        times.iter().map(|t| ms(*t)).collect::<Vec<_>>().join(", ")
+        done.runs()
     ));
+    let last = done.last;
     let mut floors = Vec::new();
     for rep in 0..args.reps {
         floors.push(floor_copy(server, &source.id, &last, &format!("floor-{rep}")).await?);
@@ -463,6 +458,62 @@ async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, 
         goal(ratio <= 2.0)
     ));
     Ok(last)
+}
+
+/// Forks timed from the request to their completion (`GET /tasks/{id}` says `completed`).
+struct Completions {
+    times: Vec<Duration>,
+    /// Messages the last fork copied.
+    copied: i64,
+    /// The last fork's channel id.
+    last: String,
+}
+
+impl Completions {
+    fn median(&self) -> Duration {
+        median(&self.times)
+    }
+
+    fn runs(&self) -> String {
+        self.times.iter().map(|t| ms(*t)).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// Forks `source` at its newest message `reps` times, one after the other, each waited for.
+async fn to_completion(api: &Api, source: &seed::Source, reps: usize, label: &str) -> Result<Completions> {
+    let mut done = Completions { times: Vec::new(), copied: 0, last: String::new() };
+    for rep in 0..reps {
+        let target = format!("{}-{label}-{rep}", source.id);
+        let started = Instant::now();
+        let (resp, _) = api.fork(&source.id, &source.newest, &target).await?;
+        let summary = api.wait_for_fork(&resp["fork"], &target).await?;
+        done.times.push(started.elapsed());
+        done.copied = summary["copied_message_count"].as_i64().unwrap_or(0);
+        done.last = target;
+    }
+    Ok(done)
+}
+
+/// t. Fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (the last
+/// one copies the 10,000 the cap allows): the figure the first round's benchmark printed for
+/// synthetic sources, kept so that worker changes can be compared run against run.
+async fn completion_sizes(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
+    for n in [1_000, args.mid, args.big] {
+        let source = seed::source(api, &format!("t-{n}"), n, SEED_CONCURRENCY).await?;
+        let (warm, _) = api.fork(&source.id, &source.newest, &format!("t-{n}-warm")).await?;
+        api.wait_for_fork(&warm["fork"], &format!("t-{n}-warm")).await?;
+        let done = to_completion(api, &source, args.reps, "t").await?;
+        let med = done.median();
+        report.add(format!(
+            "t. fork to completion, realistic {:>6}-message source: median {} ({} copied, {:.0} messages/s; runs: {})",
+            source.written,
+            ms(med),
+            done.copied,
+            done.copied as f64 / med.as_secs_f64(),
+            done.runs()
+        ));
+    }
+    Ok(())
 }
 
 /// The floor: the database copying the rows the fork `fork` copied from `source` into the
@@ -765,7 +816,7 @@ async fn bench(args: Args) -> Result<()> {
         if args.wants('a') {
             bench_sync(backend, &args, &mut report).await.with_context(|| format!("{}: a. synchronous fork", backend.name()))?;
         }
-        if "bcfglw".chars().any(|c| args.wants(c)) {
+        if "bcfgltw".chars().any(|c| args.wants(c)) {
             bench_load(backend, &args, &mut report).await.with_context(|| format!("{}: b, c, f, g", backend.name()))?;
         }
         if args.wants('d') || args.wants('e') {
