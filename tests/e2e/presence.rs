@@ -8,7 +8,6 @@
 
 use crate::helpers::*;
 use crate::ws::{connect_user, next_event, next_json, Ws};
-use futures_util::SinkExt;
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::time::Instant;

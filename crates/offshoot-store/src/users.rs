@@ -82,6 +82,8 @@ impl Store {
             if let Some(i) = u.invisible {
                 user.invisible = i;
             }
+            // `online` as read with the row; becoming invisible hides it at once.
+            user.online &= !user.invisible;
             user.updated_at = now;
             update_user(&mut tx, &user).await?;
             written.insert(user.id.clone(), user);
@@ -115,6 +117,7 @@ impl Store {
             };
             let Some(mut user) = user else { return not_found(format!("user with id {:?} does not exist", p.id)) };
             apply_user_patch(&mut user, &p.set, &p.unset);
+            user.online &= !user.invisible;
             if serde_json::to_vec(&user.custom)?.len() > offshoot_core::fork::MAX_CUSTOM_BYTES {
                 return crate::domain(offshoot_core::Error::input(format!(
                     "user custom data would exceed {} bytes",
