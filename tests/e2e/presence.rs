@@ -106,8 +106,7 @@ async fn the_first_connection_and_the_last_close_announce_presence_to_watchers_w
     watch_with(&app, &side, "alice", &alice_conn, false).await;
 
     let (bob1, bob1_conn) = connect_user(&app, "bob").await;
-    let online = next_event(&mut alice, "user.presence.changed").await;
-    assert_eq!(online["user"]["id"], json!("bob"), "{online}");
+    let online = event_about(&mut alice, "user.presence.changed", "bob").await;
     assert_eq!(online["user"]["online"], json!(true), "{online}");
     assert!(online["user"]["last_active"].is_string(), "{online}");
     assert!(online["created_at"].is_string(), "{online}");
@@ -128,6 +127,16 @@ async fn the_first_connection_and_the_last_close_announce_presence_to_watchers_w
     // carol watches without presence: she heard none of it.
     let frames = frames_until_marker(&app, &mut carol, &cid, "alice").await;
     assert!(presence_events(&frames).is_empty(), "carol did not ask for presence: {frames:?}");
+}
+
+/// The next event of type `kind` about `user` (others are skipped), within a bounded time.
+async fn event_about(ws: &mut Ws, kind: &str, user: &str) -> Value {
+    loop {
+        let v = next_event(ws, kind).await;
+        if v["user"]["id"] == json!(user) {
+            return v;
+        }
+    }
 }
 
 /// The next event of type `kind` within `wait` (frames of other types are skipped).
@@ -163,7 +172,7 @@ async fn invisible_users_appear_offline_and_announce_nothing() {
     assert_eq!((u["online"].clone(), u["invisible"].clone()), (json!(false), json!(true)), "{u}");
     // dave's watch ending tells alice the server processed his close.
     watch_with(&app, &cid, "dave", &dave_conn, false).await;
-    let start = next_event(&mut alice, "user.watching.start").await;
+    let start = event_about(&mut alice, "user.watching.start", "dave").await;
     assert_eq!(start["user"]["online"], json!(false), "an invisible watcher appears offline: {start}");
     close(dave).await;
     next_event(&mut alice, "user.watching.stop").await;
@@ -243,7 +252,7 @@ async fn two_ws_processes_on_one_postgres_database_share_presence_and_watchers_a
     assert_eq!((online["user"]["id"].clone(), online["user"]["online"].clone()), (json!("bob"), json!(true)), "{online}");
     let state = watch_with(&other, &cid, "bob", &bob_conn, false).await;
     assert_eq!(state["watcher_count"], json!(2), "counted across both processes");
-    let start = next_event(&mut alice, "user.watching.start").await;
+    let start = event_about(&mut alice, "user.watching.start", "bob").await;
     assert_eq!((start["user"]["id"].clone(), start["watcher_count"].clone()), (json!("bob"), json!(2)), "{start}");
     let from_first = app.post(&format!("{}/query", channel_path(&cid)), &app.server(), json!({"state": true})).await.ok();
     assert_eq!(from_first["watcher_count"], json!(2), "either process counts both");
@@ -260,7 +269,7 @@ async fn two_ws_processes_on_one_postgres_database_share_presence_and_watchers_a
     let online = next_event(&mut alice, "user.presence.changed").await;
     assert_eq!(online["user"]["online"], json!(true), "{online}");
     watch_with(&app, &cid, "bob", &bob_conn, false).await;
-    next_event(&mut alice, "user.watching.start").await;
+    event_about(&mut alice, "user.watching.start", "bob").await;
     ws_proc.kill();
     // Its heartbeat stops; a live process removes its records within the instance TTL (20 s)
     // and one heartbeat (5 s) of the ws role (docs/compatibility.md).
