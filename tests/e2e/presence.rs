@@ -195,7 +195,11 @@ async fn watchers_are_counted_listed_paginated_and_announced_as_they_start_and_s
     let (bob, bob_conn) = connect_user(&app, "bob").await;
     watch_with(&app, &cid, "bob", &bob_conn, false).await;
     let start = next_event(&mut alice, "user.watching.start").await;
-    assert_eq!((start["user"]["id"].clone(), start["watcher_count"].clone(), start["cid"].clone()), (json!("bob"), json!(2), json!(cid)), "{start}");
+    assert_eq!(
+        (start["user"]["id"].clone(), start["watcher_count"].clone(), start["cid"].clone()),
+        (json!("bob"), json!(2), json!(cid)),
+        "{start}"
+    );
     // A second watch by the same connection changes nothing.
     watch_with(&app, &cid, "bob", &bob_conn, false).await;
 

@@ -317,10 +317,11 @@ fn bind_user_fields<'q>(
 
 /// Reads a user and locks its row until the transaction ends.
 pub(crate) async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
-    let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS}, {USER_ONLINE} FROM app_user WHERE id = $1{}", tx.for_update())))
-        .bind(id.to_string())
-        .fetch_optional(crate::counted(&mut *tx.tx))
-        .await?;
+    let row: Option<UserRow> =
+        sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS}, {USER_ONLINE} FROM app_user WHERE id = $1{}", tx.for_update())))
+            .bind(id.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
     Ok(row.map(User::from))
 }
 
