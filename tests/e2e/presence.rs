@@ -283,3 +283,34 @@ async fn two_ws_processes_on_one_postgres_database_share_presence_and_watchers_a
     assert_eq!((offline["user"]["id"].clone(), offline["user"]["online"].clone()), (json!("bob"), json!(false)), "{offline}");
     assert_eq!(queried_user(&app, "bob").await["online"], json!(false));
 }
+
+#[tokio::test]
+async fn every_health_check_carries_the_users_current_unread_counters_in_me() {
+    let app = TestApp::spawn().await;
+    app.users(&["reader", "writer"]).await;
+    let cid = format!("messaging:{}", unique("hc"));
+    app.channel(&cid, "writer", &["reader", "writer"]).await;
+    let (mut ws, _) = connect_user(&app, "reader").await;
+    app.say(&cid, "writer", "one").await;
+    app.say(&cid, "writer", "two").await;
+    next_event(&mut ws, "notification.message_new").await;
+    next_event(&mut ws, "notification.message_new").await;
+    // The client's heartbeat, as JS sends it: the answer's `me` has the counters of now.
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    ws.send(Message::Text(r#"[{"type":"health.check","client_id":"reader--1"}]"#.into())).await.expect("send a heartbeat");
+    let hc = next_event(&mut ws, "health.check").await;
+    let me = &hc["me"];
+    assert_eq!(
+        (me["total_unread_count"].clone(), me["unread_count"].clone(), me["unread_channels"].clone()),
+        (json!(2), json!(2), json!(1)),
+        "{hc}"
+    );
+    assert_eq!(me["online"], json!(true), "{hc}");
+
+    app.post(&format!("{}/read", channel_path(&cid)), &app.user("reader"), json!({})).await.ok();
+    next_event(&mut ws, "notification.mark_read").await;
+    ws.send(Message::Text(r#"[{"type":"health.check","client_id":"reader--1"}]"#.into())).await.expect("send a heartbeat");
+    let hc = next_event(&mut ws, "health.check").await;
+    assert_eq!((hc["me"]["total_unread_count"].clone(), hc["me"]["unread_channels"].clone()), (json!(0), json!(0)), "{hc}");
+}
