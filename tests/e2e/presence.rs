@@ -314,3 +314,18 @@ async fn every_health_check_carries_the_users_current_unread_counters_in_me() {
     let hc = next_event(&mut ws, "health.check").await;
     assert_eq!((hc["me"]["total_unread_count"].clone(), hc["me"]["unread_channels"].clone()), (json!(0), json!(0)), "{hc}");
 }
+
+#[tokio::test]
+async fn query_channels_with_presence_subscribes_to_the_members_presence_and_counts_watchers() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice", "bob"]).await;
+    let cid = format!("messaging:{}", unique("qc"));
+    app.channel(&cid, "alice", &["alice", "bob"]).await;
+    let (mut alice, alice_conn) = connect_user(&app, "alice").await;
+    let body = json!({"filter_conditions": {"cid": cid}, "state": true, "watch": true, "presence": true});
+    let got = app.post(&format!("/channels?connection_id={alice_conn}"), &app.user("alice"), body).await.ok();
+    assert_eq!(got["channels"][0]["watcher_count"], json!(1), "{got}");
+    let (_bob, _) = connect_user(&app, "bob").await;
+    let online = event_about(&mut alice, "user.presence.changed", "bob").await;
+    assert_eq!(online["user"]["online"], json!(true), "{online}");
+}
