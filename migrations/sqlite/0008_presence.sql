@@ -1,7 +1,7 @@
 -- Live WebSocket connections and their watches, shared by every ws process on one database, so
 -- presence (`online`), watcher counts and watcher lists hold across processes. Each ws process
 -- is an instance with a heartbeat; the rows of an instance whose heartbeat stopped are removed
--- by the live instances (docs/compatibility.md, Presence and watchers).
+-- by the live instances (docs/compatibility.md, "Presence and watchers across processes").
 CREATE TABLE ws_instance (
     id TEXT PRIMARY KEY,
     heartbeat_at BIGINT NOT NULL,
