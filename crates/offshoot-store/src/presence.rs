@@ -297,16 +297,13 @@ async fn remove_connections(tx: &mut Tx, user_id: &str, user: Option<User>, conn
         return Ok(());
     }
     let list = placeholders(1, conns.len());
-    let bind_all = |sql: String| {
-        let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql));
-        for c in conns {
-            q = q.bind(c.clone());
-        }
-        q
-    };
-    let watched = bind_all(format!("SELECT DISTINCT cid FROM ws_watch WHERE connection_id IN ({list}) ORDER BY cid"))
-        .fetch_all(counted(&mut *tx.tx))
-        .await?;
+    let mut q = sqlx::query_scalar::<_, String>(AssertSqlSafe(format!(
+        "SELECT DISTINCT cid FROM ws_watch WHERE connection_id IN ({list}) ORDER BY cid"
+    )));
+    for c in conns {
+        q = q.bind(c.clone());
+    }
+    let watched = q.fetch_all(counted(&mut *tx.tx)).await?;
     for table_and_key in ["ws_watch WHERE connection_id", "ws_connection WHERE id"] {
         let mut q = sqlx::query(AssertSqlSafe(format!("DELETE FROM {table_and_key} IN ({list})")));
         for c in conns {
@@ -314,20 +311,19 @@ async fn remove_connections(tx: &mut Tx, user_id: &str, user: Option<User>, conn
         }
         q.execute(counted(&mut *tx.tx)).await?;
     }
-    let Some(before) = user else {
-        for cid in &watched {
-            if !watches(tx, cid, user_id).await? {
-                watching_event(tx, "user.watching.stop", cid, user_id, None).await?;
-            }
-        }
-        return Ok(());
+    // Users without a record (anonymous connections) have no presence, only watches.
+    let after = match &user {
+        Some(_) => Some(touch(tx, user_id, time::now()).await?),
+        None => None,
     };
-    let after = touch(tx, user_id, time::now()).await?;
     for cid in &watched {
         if !watches(tx, cid, user_id).await? {
-            watching_event(tx, "user.watching.stop", cid, user_id, Some(after.clone())).await?;
+            watching_event(tx, "user.watching.stop", cid, user_id, after.clone()).await?;
         }
     }
+    let (Some(before), Some(after)) = (user, after) else {
+        return Ok(());
+    };
     if connections_of(tx, user_id).await? == 0 && !before.invisible {
         presence_changed(tx, &after).await?;
     }
