@@ -329,3 +329,45 @@ async fn query_channels_with_presence_subscribes_to_the_members_presence_and_cou
     let online = event_about(&mut alice, "user.presence.changed", "bob").await;
     assert_eq!(online["user"]["online"], json!(true), "{online}");
 }
+
+#[tokio::test]
+async fn a_connection_record_the_process_does_not_hold_is_removed_at_its_next_heartbeat() {
+    let app = TestApp::spawn().await;
+    app.users(&["alice", "carol"]).await;
+    let cid = format!("messaging:{}", unique("ghost"));
+    app.channel(&cid, "alice", &["alice", "carol"]).await;
+    let (mut alice, alice_conn) = connect_user(&app, "alice").await;
+    watch_with(&app, &cid, "alice", &alice_conn, true).await;
+    // A record of this process for a connection it does not hold (a close whose removal failed).
+    crate::worker::execute(
+        &app.db,
+        "INSERT INTO ws_connection (id, instance_id, user_id, created_at, updated_at) SELECT 'ghost', id, 'carol', 0, 0 FROM ws_instance",
+    )
+    .await;
+    assert_eq!(queried_user(&app, "carol").await["online"], json!(true), "the record makes carol online");
+    let offline = event_within(&mut alice, "user.presence.changed", WAIT).await;
+    assert_eq!((offline["user"]["id"].clone(), offline["user"]["online"].clone()), (json!("carol"), json!(false)), "{offline}");
+    assert_eq!(queried_user(&app, "carol").await["online"], json!(false));
+}
+
+#[tokio::test]
+async fn a_process_taken_for_dead_closes_its_connections_so_their_clients_reconnect_and_are_recorded_again() {
+    let app = TestApp::spawn().await;
+    app.users(&["bob"]).await;
+    let (mut bob, _) = connect_user(&app, "bob").await;
+    // Another process removed this one's records (its heartbeat looked stale).
+    crate::worker::execute(&app.db, "DELETE FROM ws_connection; DELETE FROM ws_instance").await;
+    let deadline = Instant::now() + WAIT;
+    let code = loop {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        match tokio::time::timeout_at(deadline, bob.next()).await.expect("the server closes bob's connection") {
+            Some(Ok(Message::Close(Some(f)))) => break u16::from(f.code),
+            Some(Ok(_)) => {}
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(code, 1013, "try again: the client reconnects");
+    let (_bob, _) = connect_user(&app, "bob").await;
+    assert_eq!(queried_user(&app, "bob").await["online"], json!(true), "recorded again under the re-registered instance");
+}
