@@ -183,3 +183,21 @@ async fn concurrent_connections_and_closes_of_one_user_announce_online_once_and_
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_connection_of_a_user_without_a_record_watches_but_has_no_presence() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "anon", &["amy"]).await;
+        assert!(s.open_connection("i1", "anon-c", "anon-1").await.expect("open").is_none(), "no user record");
+        assert!(s.watch_channel("anon-c", None, &ch.cid, true).await.expect("watch"));
+        assert_eq!(s.watcher_count(&ch.cid).await.expect("count"), 1);
+        let listed = s.watchers(&ch.cid, 10, 0).await.expect("watchers");
+        assert_eq!((listed[0].id.as_str(), listed[0].role.as_str()), ("anon-1", "anonymous"));
+        let seq = s.last_event_seq().await.expect("seq");
+        s.close_connection("anon-c").await.expect("close");
+        assert_eq!(kinds(&events_since(s, seq).await), ["user.watching.stop"]);
+        assert_eq!(s.watcher_count(&ch.cid).await.expect("count"), 0);
+    })
+    .await;
+}
