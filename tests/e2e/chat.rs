@@ -714,7 +714,14 @@ async fn replies_accept_the_sort_forms_of_js_and_getstream_and_a_descending_sort
     let gs = "%257B%2522direction%2522%253A%25201%252C%2520%2522field%2522%253A%2520%2522created_at%2522%257D";
     let got = app.get(&format!("/messages/{p}/replies?sort={gs}"), &app.server()).await.ok();
     assert_eq!(ids(&got["messages"]), r);
-    app.get(&format!("/messages/{p}/replies?sort=%5B%7B%22field%22%3A%22text%22%7D%5D"), &app.server()).await.err(400, 4);
+    // Stream sorts replies on created_at only: another field is a 400 that names it.
+    let bad = app.get(&format!("/messages/{p}/replies?sort=%5B%7B%22field%22%3A%22text%22%7D%5D"), &app.server()).await.err(400, 4);
+    assert_eq!(bad["exception_fields"]["field"], json!("text"), "{bad}");
+    assert!(bad["message"].as_str().unwrap_or_default().contains("\"text\""), "{bad}");
+    // JS's object form {created_at: -1}.
+    let obj = "%5B%7B%22created_at%22%3A-1%7D%5D";
+    let got = app.get(&format!("/messages/{p}/replies?sort={obj}"), &app.server()).await.ok();
+    assert_eq!(ids(&got["messages"]), newest_first);
 }
 
 #[tokio::test]

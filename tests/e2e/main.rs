@@ -21,6 +21,7 @@ mod fidelity;
 mod fork;
 mod hardening;
 mod operating;
+mod presence;
 mod process;
 mod scale_out;
 mod visibility;

@@ -113,6 +113,31 @@ async fn a_message_new_webhook_is_signed_with_the_api_secret_and_carries_streams
 }
 
 #[tokio::test]
+async fn webhook_members_carry_each_users_unread_counters() {
+    let app = TestApp::spawn().await;
+    let (url, mut rx) = receiver(false).await;
+    app.patch("/app", &app.server(), json!({"webhook_url": url})).await.ok();
+    app.users(&["u1", "u2"]).await;
+    let cid = "agent:hooked-unread";
+    app.channel(cid, "u1", &["u1", "u2"]).await;
+    let m = app.say(cid, "u1", "unread for u2").await;
+
+    let mut log = Vec::new();
+    let hook = next_hook(&mut rx, &mut log, "message.new", is_message_new(&m)).await;
+    let counters = |body: &Value, user: &str| {
+        let member = body["members"].as_array().and_then(|a| a.iter().find(|m| m["user_id"] == json!(user)).cloned()).expect("member");
+        let u = &member["user"];
+        (u["total_unread_count"].clone(), u["unread_count"].clone(), u["unread_channels"].clone())
+    };
+    assert_eq!(counters(&hook.body, "u2"), (json!(1), json!(1), json!(1)), "{}", hook.body);
+    assert_eq!(counters(&hook.body, "u1"), (json!(0), json!(0), json!(0)), "the author's own message: {}", hook.body);
+
+    app.post(&format!("{}/read", channel_path(cid)), &app.user("u2"), json!({})).await.ok();
+    let hook = next_hook(&mut rx, &mut log, "message.read", |h| h.body["type"] == json!("message.read")).await;
+    assert_eq!(counters(&hook.body, "u2"), (json!(0), json!(0), json!(0)), "{}", hook.body);
+}
+
+#[tokio::test]
 async fn a_delivery_answered_with_500_is_retried_with_the_same_webhook_id_and_a_higher_attempt() {
     let app = TestApp::spawn().await;
     let (url, mut rx) = receiver(true).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Runs SQL against the test's database (to inject faults, to look at apalis's tables).
-async fn execute(db: &TestDb, sql: &str) {
+pub(crate) async fn execute(db: &TestDb, sql: &str) {
     use sqlx::Connection;
     match backend() {
         Backend::Sqlite => {

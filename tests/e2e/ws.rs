@@ -11,21 +11,21 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub(crate) type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// How long to wait for one frame.
 const FRAME_WAIT: Duration = Duration::from_secs(20);
 
-fn ws_base(app: &TestApp) -> String {
+pub(crate) fn ws_base(app: &Client) -> String {
     app.base.replacen("http", "ws", 1)
 }
 
 /// Opens `/connect` as JS does; returns the socket and the first frame.
-async fn connect_legacy(app: &TestApp, user: &str, token: &str, auth_type: &str) -> (Ws, Value) {
+pub(crate) async fn connect_legacy(app: &Client, user: &str, token: &str, auth_type: &str) -> (Ws, Value) {
     connect_legacy_with(app, user, json!({"id": user}), token, auth_type).await
 }
 
-async fn connect_legacy_with(app: &TestApp, user: &str, details: Value, token: &str, auth_type: &str) -> (Ws, Value) {
+pub(crate) async fn connect_legacy_with(app: &Client, user: &str, details: Value, token: &str, auth_type: &str) -> (Ws, Value) {
     let json_param = json!({"user_id": user, "user_details": details, "client_request_id": "r1"}).to_string();
     let url = reqwest::Url::parse_with_params(
         &format!("{}/connect", ws_base(app)),
@@ -44,7 +44,7 @@ async fn connect_legacy_with(app: &TestApp, user: &str, details: Value, token: &
 }
 
 /// Connects `user` with a user token; returns the socket and its connection id.
-async fn connect_user(app: &TestApp, user: &str) -> (Ws, String) {
+pub(crate) async fn connect_user(app: &Client, user: &str) -> (Ws, String) {
     let (ws, first) = connect_legacy(app, user, &app.user(user), "jwt").await;
     assert_eq!(first["type"], json!("health.check"), "the first frame of an accepted connection: {first}");
     let id = first["connection_id"].as_str().unwrap_or_else(|| panic!("connection_id in {first}")).to_string();
@@ -52,14 +52,14 @@ async fn connect_user(app: &TestApp, user: &str) -> (Ws, String) {
 }
 
 /// Subscribes a connection to `cid` as JS `channel.watch()` does.
-async fn watch(app: &TestApp, cid: &str, user: &str, connection_id: &str) -> Value {
+pub(crate) async fn watch(app: &Client, cid: &str, user: &str, connection_id: &str) -> Value {
     app.post(&format!("{}/query?connection_id={connection_id}", channel_path(cid)), &app.user(user), json!({"watch": true, "state": true}))
         .await
         .ok()
 }
 
 /// The next JSON text frame (bounded wait); panics on close or timeout.
-async fn next_json(ws: &mut Ws) -> Value {
+pub(crate) async fn next_json(ws: &mut Ws) -> Value {
     loop {
         let frame = tokio::time::timeout(FRAME_WAIT, ws.next()).await.unwrap_or_else(|_| panic!("no frame within {FRAME_WAIT:?}"));
         match frame {
@@ -71,7 +71,7 @@ async fn next_json(ws: &mut Ws) -> Value {
 }
 
 /// The first event of type `kind` (others are skipped), within a bounded time.
-async fn next_event(ws: &mut Ws, kind: &str) -> Value {
+pub(crate) async fn next_event(ws: &mut Ws, kind: &str) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         assert!(Instant::now() < deadline, "no {kind} event within {WAIT:?}");

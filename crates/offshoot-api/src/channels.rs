@@ -25,6 +25,8 @@ pub const DEFAULT_QUERY_CHANNELS_MESSAGE_LIMIT: i64 = 25;
 /// Replies per page when the request names no limit.
 pub const DEFAULT_REPLY_LIMIT: i64 = 25;
 pub const DEFAULT_MEMBER_LIMIT: i64 = 100;
+/// Watchers listed when `watchers` names no limit.
+pub const DEFAULT_WATCHER_LIMIT: i64 = 10;
 
 /// The channel, which must exist and not be deleted.
 pub(crate) async fn load(st: &ApiState, cid: &str) -> Result<Channel, Error> {
@@ -58,11 +60,12 @@ pub(crate) async fn channel_state(
     member_limit: i64,
 ) -> Result<Map<String, Value>, Error> {
     let state = st.store.channel_state(ch, &ctx.viewer, page, member_limit).await?;
-    Ok(render_state(st, ctx, ch, state))
+    let watcher_count = st.store.watcher_count(&ch.cid).await?;
+    Ok(render_state(ctx, ch, state, watcher_count))
 }
 
 /// A channel and its state as a channel query renders them.
-fn render_state(st: &ApiState, ctx: &Ctx, ch: &Channel, state: ChannelState) -> Map<String, Value> {
+fn render_state(ctx: &Ctx, ch: &Channel, state: ChannelState, watcher_count: i64) -> Map<String, Value> {
     let d = ctx.dialect;
     let ChannelState { is_member: member, messages, pinned, members, reads } = state;
     let caps = perm::own_capabilities(&ctx.viewer, member, &ch.kind);
@@ -89,7 +92,7 @@ fn render_state(st: &ApiState, ctx: &Ctx, ch: &Channel, state: ChannelState) -> 
             })
             .collect(),
     );
-    o.insert("watcher_count".into(), st.watchers.watcher_count(&ch.cid).into());
+    o.insert("watcher_count".into(), watcher_count.into());
     o.insert("watchers".into(), json!([]));
     o.insert("threads".into(), json!([]));
     o.insert("hidden".into(), false.into());
@@ -108,6 +111,7 @@ pub struct ChannelQueryRequest {
     data: Option<ChannelData>,
     messages: Option<PageInput>,
     members: Option<LimitInput>,
+    watchers: Option<LimitInput>,
     #[serde(flatten)]
     watch: WatchInput,
     #[serde(flatten)]
@@ -238,7 +242,16 @@ async fn get_or_create(
     watch_if_asked(st, ctx, &q, &body.watch, cid).await?;
     let page = body.messages.unwrap_or_default().page(DEFAULT_MESSAGE_LIMIT)?;
     let member_limit = body.members.and_then(|m| m.limit).unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
-    let state = channel_state(st, ctx, &ch, &page, member_limit).await?;
+    let mut state = channel_state(st, ctx, &ch, &page, member_limit).await?;
+    // The watcher list only when asked (`watchers: {limit, offset}`), as Stream pages it.
+    if let Some(w) = body.watchers {
+        let (limit, offset) = (w.limit.unwrap_or(DEFAULT_WATCHER_LIMIT), w.offset.unwrap_or(0));
+        if !(0..=300).contains(&limit) || !(0..=10_000).contains(&offset) {
+            return Err(Error::input("watchers.limit must be 0..300 and watchers.offset 0..10000").field("field", "watchers").into());
+        }
+        let users = st.store.watchers(cid, limit, offset).await?;
+        state.insert("watchers".into(), users.iter().map(|u| render::user(ctx.dialect, u)).collect());
+    }
     Ok(ctx.ok(Value::Object(state)))
 }
 
@@ -252,6 +265,9 @@ async fn watch_if_asked(st: &ApiState, ctx: &Ctx, q: &ConnectionQuery, w: &Watch
                 // outbox, ahead of every event that follows.
                 relay_watch(st, WATCH_EVENT, conn, owner, cid).await?;
             }
+            // The shared record every ws process counts and lists watchers from, and which
+            // presence events are addressed by.
+            st.store.watch_channel(conn, owner, cid, w.presence.unwrap_or(false)).await?;
         }
     }
     Ok(())
@@ -289,6 +305,7 @@ pub async fn stop_watching(
         if !st.watchers.unwatch(&conn, owner, &cid) {
             relay_watch(&st, UNWATCH_EVENT, &conn, owner, &cid).await?;
         }
+        st.store.unwatch_channel(&conn, owner, &cid).await?;
     }
     Ok(ctx.ok(json!({})))
 }
@@ -664,10 +681,15 @@ pub async fn query_channels(
     let member_limit = body.member_limit.unwrap_or(DEFAULT_MEMBER_LIMIT).clamp(0, 300);
     // Every channel's state in a fixed number of statements (the store's `channel_states`).
     let states = st.store.channel_states(&channels, &ctx.viewer, msg_limit, member_limit).await?;
+    for ch in &channels {
+        watch_if_asked(&st, &ctx, &q, &body.watch, &ch.cid).await?;
+    }
+    let cids: Vec<String> = channels.iter().map(|c| c.cid.clone()).collect();
+    let counts = st.store.watcher_counts(&cids).await?;
     let mut out = Vec::new();
     for (ch, state) in channels.iter().zip(states) {
-        watch_if_asked(&st, &ctx, &q, &body.watch, &ch.cid).await?;
-        out.push(Value::Object(render_state(&st, &ctx, ch, state)));
+        let count = counts.get(&ch.cid).copied().unwrap_or(0);
+        out.push(Value::Object(render_state(&ctx, ch, state, count)));
     }
     Ok(ctx.ok(json!({"channels": out})))
 }

@@ -249,11 +249,13 @@ impl PageInput {
     }
 }
 
-/// `{limit}` of a list inside a request (`members`).
+/// `{limit, offset}` of a list inside a request (`members`, `watchers`).
 #[derive(Debug, Default, Deserialize)]
 pub struct LimitInput {
     #[serde(default, deserialize_with = "de::opt_i64")]
     pub limit: Option<i64>,
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    pub offset: Option<i64>,
 }
 
 /// `set` / `unset` of a partial update.

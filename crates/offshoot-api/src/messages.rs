@@ -374,10 +374,13 @@ pub async fn get_replies(
 }
 
 /// `sort` of replies as the SDKs send it: a JSON array (JS) or comma-separated,
-/// individually percent-encoded JSON objects (getstream). Only `created_at` can be sorted on;
-/// true when it is descending.
+/// individually percent-encoded JSON objects (getstream); true when it is descending.
+///
+/// Stream sorts replies on `created_at` only: its OpenAPI takes one sort item, and the JS SDK
+/// types it `{created_at: 1 | -1}` (docs/compatibility.md). Any other field is a 400 whose
+/// `exception_fields.field` names it.
 fn sort_is_descending(raw: &str) -> Result<bool, Error> {
-    let bad = || Error::input("sort must be a list of {field, direction} on created_at");
+    let bad = || Error::input("sort must be a list of {field, direction} on created_at").field("field", "sort");
     let items: Vec<Value> = match serde_json::from_str::<Value>(raw) {
         Ok(Value::Array(a)) => a,
         Ok(v @ Value::Object(_)) => vec![v],
@@ -389,10 +392,23 @@ fn sort_is_descending(raw: &str) -> Result<bool, Error> {
     let mut desc = false;
     for item in &items {
         let Value::Object(o) = item else { return Err(bad()) };
-        match o.get("field").and_then(Value::as_str) {
-            Some("created_at") => desc = o.get("direction").and_then(Value::as_i64).unwrap_or(1) < 0,
-            _ => return Err(bad()),
+        // JS's object form `{created_at: -1}` arrives as a list of one such object.
+        let (field, direction) = match o.get("field") {
+            Some(f) => (f.as_str().ok_or_else(bad)?, o.get("direction")),
+            None if o.len() == 1 => o.iter().next().map(|(k, v)| (k.as_str(), Some(v))).ok_or_else(bad)?,
+            None => return Err(bad()),
+        };
+        if field != "created_at" {
+            return Err(Error::input(format!("replies cannot be sorted on {field:?}: only created_at")).field("field", field));
         }
+        desc = match direction {
+            None => false,
+            Some(d) => match d.as_i64() {
+                Some(1) => false,
+                Some(-1) => true,
+                _ => return Err(Error::input("sort direction must be 1 or -1").field("field", "sort")),
+            },
+        };
     }
     Ok(desc)
 }

@@ -29,6 +29,10 @@ pub struct User {
     pub updated_at: Ts,
     pub deleted_at: Option<Ts>,
     pub last_active: Option<Ts>,
+    /// Whether the user has a live WebSocket connection and is not invisible, as read with the
+    /// user (never stored on the user row).
+    #[serde(default)]
+    pub online: bool,
 }
 
 impl User {
@@ -314,6 +318,10 @@ pub struct Audience {
     /// (`total_unread_count`, `unread_count`, `unread_channels`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unread: BTreeMap<String, UnreadCounts>,
+    /// These WebSocket connections (by id, on whichever process holds them): presence events
+    /// for the connections that watch a channel of the user with `presence: true`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<String>,
 }
 
 /// A user's unread counters, as `me` and events carry them.
@@ -390,7 +398,6 @@ pub trait Watchers: Send + Sync {
     fn watch(&self, connection_id: &str, owner: Option<&str>, cid: &str) -> bool;
     /// Unsubscribes; false when this process holds no such connection.
     fn unwatch(&self, connection_id: &str, owner: Option<&str>, cid: &str) -> bool;
-    fn watcher_count(&self, cid: &str) -> usize;
 }
 
 /// Outbox events that carry watch registrations to the WebSocket role when it runs in another
@@ -408,8 +415,5 @@ impl Watchers for NoWatchers {
     }
     fn unwatch(&self, _: &str, _: Option<&str>, _: &str) -> bool {
         false
-    }
-    fn watcher_count(&self, _: &str) -> usize {
-        0
     }
 }

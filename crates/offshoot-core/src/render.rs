@@ -59,7 +59,7 @@ pub fn user(d: Dialect, u: &User) -> Value {
         "teams": u.teams,
         "banned": u.banned,
         "shadow_banned": u.shadow_banned,
-        "online": false,
+        "online": u.online,
         "invisible": u.invisible,
         "language": u.language.clone().unwrap_or_default(),
         "blocked_user_ids": [],

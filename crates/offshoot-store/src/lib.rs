@@ -37,7 +37,8 @@
 //! 3. member rows, in user id order;
 //! 4. message rows (new messages, reply counts of parents, copies);
 //! 5. user rows, in user id order (upserts and partial updates lock only these; the app row
-//!    and channel type rows are, like them, locked alone);
+//!    and channel type rows are, like them, locked alone); a user's WebSocket connection and
+//!    watch rows are written only under that user's row lock (`presence.rs`);
 //! 6. the outbox: events are collected in the transaction and written at commit under a
 //!    transaction-scoped advisory lock, so the outbox lock is always the last one.
 //!
@@ -60,6 +61,7 @@ mod events;
 mod forks;
 mod messages;
 mod ops;
+mod presence;
 mod query;
 mod rows;
 mod state;

@@ -164,6 +164,9 @@ impl Store {
         let mut note = ev.clone();
         note.kind = "notification.message_new".into();
         note.channel = Some(ch.clone());
+        // Counted here, from the watches of every ws process, not by the process that delivers.
+        let watchers = crate::presence::watcher_count(&mut tx.tx, cid).await?;
+        ev.extra.insert("watcher_count".into(), watchers.into());
         let members: Vec<String> = unread.keys().cloned().collect();
         tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(cid) }).await?;
         tx.event(note, Audience { users: members, except_watchers_of: Some(cid.to_string()), unread, ..Default::default() }).await?;

@@ -58,6 +58,11 @@ impl<'r> Decode<'r, Any> for Flag {
 pub(crate) const USER_COLS: &str =
     "id, role, name, image, language, teams, custom, banned, shadow_banned, invisible, created_at, updated_at, deleted_at, last_active";
 
+/// The `online` column read with [`USER_COLS`] from `app_user`: a visible user with a live
+/// WebSocket connection on any process (`presence.rs`). Invisible users appear offline.
+pub(crate) const USER_ONLINE: &str =
+    "(app_user.invisible = FALSE AND EXISTS (SELECT 1 FROM ws_connection wc WHERE wc.user_id = app_user.id)) AS online";
+
 #[derive(sqlx::FromRow)]
 pub(crate) struct UserRow {
     id: String,
@@ -74,6 +79,7 @@ pub(crate) struct UserRow {
     updated_at: i64,
     deleted_at: Option<i64>,
     last_active: Option<i64>,
+    online: Flag,
 }
 
 impl From<UserRow> for User {
@@ -93,6 +99,7 @@ impl From<UserRow> for User {
             updated_at: r.updated_at,
             deleted_at: r.deleted_at,
             last_active: r.last_active,
+            online: r.online.0,
         }
     }
 }

@@ -3,7 +3,7 @@
 use crate::cache::ChannelTypes;
 use crate::messages::arguments;
 use crate::query::{user_condition, user_order, SqlBuilder};
-use crate::rows::{self, placeholders, ChannelTypeRow, UserRow, CHANNEL_TYPE_COLS, USER_COLS};
+use crate::rows::{self, placeholders, ChannelTypeRow, UserRow, CHANNEL_TYPE_COLS, USER_COLS, USER_ONLINE};
 use crate::{not_found, Result, Store};
 use offshoot_core::model::{ChannelType, Custom, User};
 use offshoot_core::query::{Filter, Sort, UserField, UserSortField};
@@ -82,6 +82,8 @@ impl Store {
             if let Some(i) = u.invisible {
                 user.invisible = i;
             }
+            // `online` as read with the row; becoming invisible hides it at once.
+            user.online &= !user.invisible;
             user.updated_at = now;
             update_user(&mut tx, &user).await?;
             written.insert(user.id.clone(), user);
@@ -115,6 +117,7 @@ impl Store {
             };
             let Some(mut user) = user else { return not_found(format!("user with id {:?} does not exist", p.id)) };
             apply_user_patch(&mut user, &p.set, &p.unset);
+            user.online &= !user.invisible;
             if serde_json::to_vec(&user.custom)?.len() > offshoot_core::fork::MAX_CUSTOM_BYTES {
                 return crate::domain(offshoot_core::Error::input(format!(
                     "user custom data would exceed {} bytes",
@@ -130,7 +133,7 @@ impl Store {
     }
 
     pub async fn get_user(&self, id: &str) -> Result<Option<User>> {
-        let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1")))
+        let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS}, {USER_ONLINE} FROM app_user WHERE id = $1")))
             .bind(id.to_string())
             .fetch_optional(crate::counted(self.pool()))
             .await?;
@@ -148,7 +151,9 @@ impl Store {
         let mut b = SqlBuilder::new(self.backend(), Vec::new());
         let cond = user_condition(&mut b, filter)?;
         let order = user_order(&mut b, sort);
-        let cols = USER_COLS.split(", ").map(|c| format!("u.{c}")).collect::<Vec<_>>().join(", ");
+        let mut cols = USER_COLS.split(", ").map(|c| format!("u.{c}")).collect::<Vec<_>>().join(", ");
+        cols.push_str(", ");
+        cols.push_str(&USER_ONLINE.replace("app_user.", "u."));
         let sql = format!(
             "SELECT {cols} FROM app_user u WHERE {cond} ORDER BY {order} LIMIT {} OFFSET {}",
             limit.clamp(0, 100),
@@ -311,11 +316,12 @@ fn bind_user_fields<'q>(
 }
 
 /// Reads a user and locks its row until the transaction ends.
-async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
-    let row: Option<UserRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS} FROM app_user WHERE id = $1{}", tx.for_update())))
-        .bind(id.to_string())
-        .fetch_optional(crate::counted(&mut *tx.tx))
-        .await?;
+pub(crate) async fn lock_user(tx: &mut crate::Tx, id: &str) -> Result<Option<User>> {
+    let row: Option<UserRow> =
+        sqlx::query_as(AssertSqlSafe(format!("SELECT {USER_COLS}, {USER_ONLINE} FROM app_user WHERE id = $1{}", tx.for_update())))
+            .bind(id.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
     Ok(row.map(User::from))
 }
 
@@ -366,7 +372,7 @@ pub(crate) async fn load_users(conn: &mut sqlx::AnyConnection, ids: &[String]) -
     ids.dedup();
     let mut out = HashMap::new();
     for chunk in ids.chunks(500) {
-        let sql = format!("SELECT {USER_COLS} FROM app_user WHERE id IN ({})", placeholders(1, chunk.len()));
+        let sql = format!("SELECT {USER_COLS}, {USER_ONLINE} FROM app_user WHERE id IN ({})", placeholders(1, chunk.len()));
         let mut q = sqlx::query_as::<_, UserRow>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());

@@ -22,6 +22,8 @@ mod forks;
 mod messages;
 #[path = "conformance/outbox.rs"]
 mod outbox;
+#[path = "conformance/presence.rs"]
+mod presence;
 #[path = "conformance/schema.rs"]
 mod schema;
 

@@ -183,7 +183,24 @@ async fn render_body(store: &Store, dialect: Dialect, ev: &OutboxEvent) -> Resul
     // Like Stream, message and channel events carry the channel's members (up to 50).
     if let Some(cid) = ev.event.cid.as_deref().filter(|_| carries_members(&ev.event.kind)) {
         let members = store.members(cid, 50, 0).await?;
-        value["members"] = members.iter().map(|m| render::member(dialect, m)).collect();
+        // Each member's user carries their unread counters, as Stream's do: those the event
+        // recorded when it was written (message.new), else the current ones.
+        let missing: Vec<String> = members.iter().map(|m| m.user_id.clone()).filter(|u| !ev.audience.unread.contains_key(u)).collect();
+        let mut unread = store.unread_counts_of(&missing).await?;
+        unread.extend(ev.audience.unread.iter().map(|(k, v)| (k.clone(), *v)));
+        value["members"] = members
+            .iter()
+            .map(|m| {
+                let mut v = render::member(dialect, m);
+                let u = unread.get(&m.user_id).copied().unwrap_or_default();
+                if let Some(user) = v.get_mut("user").and_then(serde_json::Value::as_object_mut) {
+                    user.insert("total_unread_count".into(), u.total.into());
+                    user.insert("unread_count".into(), u.total.into());
+                    user.insert("unread_channels".into(), u.channels.into());
+                }
+                v
+            })
+            .collect();
     }
     Ok(serde_json::to_string(&value)?)
 }

@@ -200,30 +200,36 @@ async fn reject(sink: &mut Sink, mut source: Source, e: &Error) {
     let _ = timeout(Duration::from_secs(1), async { while let Some(Ok(_)) = source.next().await {} }).await;
 }
 
-async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, dialect: Dialect, hello: &str) {
+async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, mut user: User, dialect: Dialect, hello: &str) {
     let conn_id = uuid::Uuid::new_v4().to_string();
-    let unread = match hub.store.unread_counts(&user.id).await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the unread counters failed; me carries 0");
-            UnreadCounts::default()
-        }
-    };
-    let me = render_me(dialect, &user, unread);
     let (queue, mut events) = mpsc::channel(QUEUE_CAPACITY);
     let kick = CancellationToken::new();
-    // Registered before the first frame, so a watch sent right after it finds the connection.
+    // Registered here before the store records it (the heartbeat removes records of
+    // connections the registry does not hold), and both before the first frame, so a watch
+    // sent right after it finds the connection.
     hub.register(conn_id.clone(), Conn { user_id: user.id.clone(), dialect, queue, watching: HashSet::new(), kick: kick.clone() });
+    match hub.store.open_connection(&hub.instance, &conn_id, &user.id).await {
+        Ok(Some(stored)) => user = stored,
+        Ok(None) => {}
+        Err(e) => {
+            // Without its record the user would not be online nor the connection a watcher.
+            tracing::warn!(error = %e, "recording the websocket connection failed; closing it");
+            hub.disconnect(&conn_id);
+            close(&mut sink, CLOSE_TRY_AGAIN, "database unavailable").await;
+            return;
+        }
+    }
     tracing::debug!(connection_id = %conn_id, user_id = %user.id, "websocket connected");
 
-    let heartbeat_frame = |kind: &str| {
+    let heartbeat_frame = |kind: &str, me: &Value| {
         let frame = json!({"type": kind, "connection_id": conn_id, "cid": "*", "me": me, "created_at": dialect.ts(time::now())});
         Message::Text(frame.to_string().into())
     };
+    let me = render_me(dialect, &user, unread_counts(&hub, &user.id).await);
     let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut close_with = None;
-    if send(&mut sink, heartbeat_frame(hello)).await.is_ok() {
+    if send(&mut sink, heartbeat_frame(hello, &me)).await.is_ok() {
         close_with = loop {
             tokio::select! {
                 // Cancellation first, then events before the client's frames: a client
@@ -240,8 +246,11 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, 
                 },
                 frame = source.next() => match frame {
                     Some(Ok(Message::Text(text))) => {
-                        if is_health_check(&text) && send(&mut sink, heartbeat_frame("health.check")).await.is_err() {
-                            break None;
+                        if is_health_check(&text) {
+                            let me = render_me(dialect, &user, unread_counts(&hub, &user.id).await);
+                            if send(&mut sink, heartbeat_frame("health.check", &me)).await.is_err() {
+                                break None;
+                            }
                         }
                     }
                     // A frame over MAX_INCOMING: "message too big", as RFC 6455 names it.
@@ -249,11 +258,17 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, 
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
                     Some(Ok(_)) => {}
                 },
-                _ = heartbeat.tick() => if send(&mut sink, heartbeat_frame("health.check")).await.is_err() { break None },
+                _ = heartbeat.tick() => {
+                    let me = render_me(dialect, &user, unread_counts(&hub, &user.id).await);
+                    if send(&mut sink, heartbeat_frame("health.check", &me)).await.is_err() { break None }
+                }
             }
         };
     }
     hub.disconnect(&conn_id);
+    if let Err(e) = hub.store.close_connection(&conn_id).await {
+        tracing::warn!(error = %e, "removing the websocket connection's record failed; the heartbeat removes it later");
+    }
     match close_with {
         Some((code, reason)) => close(&mut sink, code, reason).await,
         None => {
@@ -261,6 +276,17 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, user: User, 
         }
     }
     tracing::debug!(connection_id = %conn_id, "websocket closed");
+}
+
+/// The user's unread counters as `me` carries them (0 when they cannot be read).
+async fn unread_counts(hub: &Hub, user_id: &str) -> UnreadCounts {
+    match hub.store.unread_counts(user_id).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the unread counters failed; me carries 0");
+            UnreadCounts::default()
+        }
+    }
 }
 
 /// Whether a read failed because the client's frame or message exceeded [`MAX_INCOMING`]. axum

@@ -8,6 +8,11 @@
 //! Every connection has a bounded queue: one that falls behind is closed (the client reconnects
 //! and re-queries its channels), never buffered without limit, and never slows the others.
 //!
+//! Presence and watcher counts hold across processes: every connection and watch is also
+//! recorded in the store (`offshoot-store`'s `presence.rs`) under this process's instance id,
+//! renewed by a heartbeat; [`Hub::run`] also removes the records of instances whose heartbeat
+//! stopped, and its own records of connections it no longer holds.
+//!
 //! Depends on `offshoot-core` and `offshoot-store`; must not depend on `offshoot-api` or
 //! `offshoot-worker` (the API reaches the registry through core's [`Watchers`] trait).
 
@@ -34,10 +39,16 @@ const QUEUE_CAPACITY: usize = 1024;
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Events read from the outbox per query.
 const BATCH: i64 = 500;
+/// How often this process renews its instance heartbeat and looks for dead instances.
+const INSTANCE_HEARTBEAT: Duration = Duration::from_secs(5);
+/// An instance silent for this long is dead; its connections and watches are removed.
+const INSTANCE_TTL: Duration = Duration::from_secs(20);
 
 /// The connection registry and the outbox fan-out. One per process running the ws role.
 pub struct Hub {
     store: Store,
+    /// This process's id in the store's presence records.
+    instance: String,
     api_key: String,
     api_secret: String,
     registry: RwLock<Registry>,
@@ -131,6 +142,7 @@ impl Hub {
     pub fn with_max_connections(store: Store, api_key: String, api_secret: String, max_connections: usize) -> Arc<Hub> {
         Arc::new(Hub {
             store,
+            instance: uuid::Uuid::new_v4().to_string(),
             api_key,
             api_secret,
             registry: RwLock::default(),
@@ -145,8 +157,75 @@ impl Hub {
         Router::new().route("/connect", get(conn::connect_legacy)).route("/api/v2/connect", get(conn::connect_v2)).with_state(self)
     }
 
-    /// Follows the outbox and fans events out until `shutdown`; then closes every connection.
+    /// Follows the outbox and fans events out until `shutdown`; then closes every connection
+    /// and removes this process's presence records (announcing who went offline).
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let presence = tokio::spawn(self.clone().keep_presence(shutdown.clone()));
+        self.follow_outbox(&shutdown).await;
+        self.closing.cancel();
+        let _ = presence.await;
+        // The sessions remove their own records as they end; wait for them (bounded), then
+        // remove whatever is left.
+        let _ = tokio::time::timeout(Duration::from_secs(3), async {
+            while self.connection_count() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if let Err(e) = self.store.sweep_instance(&self.instance).await {
+            tracing::warn!(error = %e, "removing this process's presence records failed; another process removes them later");
+        }
+        tracing::info!("websocket fan-out stopped");
+    }
+
+    /// The instance heartbeat: renews this process's record, removes dead instances' records
+    /// and its own records of connections it no longer holds (a failed removal at close).
+    async fn keep_presence(self: Arc<Self>, shutdown: CancellationToken) {
+        if let Err(e) = self.store.register_instance(&self.instance).await {
+            tracing::warn!(error = %e, "registering the websocket instance failed; retrying at the next heartbeat");
+        }
+        // SQLite serves one process (crate doc of offshoot-store): every other instance on the
+        // file is a previous run of this server, dead.
+        let mut first = self.store.backend() == offshoot_store::Backend::Sqlite;
+        loop {
+            if let Err(e) = self.beat(first).await {
+                tracing::warn!(error = %e, "the websocket instance heartbeat failed");
+            }
+            first = false;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(INSTANCE_HEARTBEAT) => {}
+            }
+        }
+    }
+
+    async fn beat(&self, all_others_dead: bool) -> Result<(), offshoot_store::StoreError> {
+        if !self.store.beat_instance(&self.instance).await? {
+            // Taken for dead (this process could not reach the database for a while): its
+            // records are gone, so its clients must reconnect to be recorded again.
+            tracing::warn!("this websocket instance was taken for dead; closing its connections");
+            self.store.register_instance(&self.instance).await?;
+            for conn in self.read().conns.values() {
+                conn.kick.cancel();
+            }
+        }
+        let before = if all_others_dead { i64::MAX } else { offshoot_core::time::now() - INSTANCE_TTL.as_nanos() as i64 };
+        for dead in self.store.dead_instances(&self.instance, before).await? {
+            tracing::info!(instance = %dead, "removing the presence records of a dead websocket instance");
+            self.store.sweep_instance(&dead).await?;
+        }
+        let recorded = self.store.instance_connections(&self.instance).await?;
+        let stale: Vec<String> = {
+            let reg = self.read();
+            recorded.into_iter().filter(|id| !reg.conns.contains_key(id)).collect()
+        };
+        for id in stale {
+            self.store.close_connection(&id).await?;
+        }
+        Ok(())
+    }
+
+    async fn follow_outbox(&self, shutdown: &CancellationToken) {
         let notify = self.store.event_notify();
         let mut cursor: Option<i64> = None;
         let mut failing = false;
@@ -180,8 +259,6 @@ impl Hub {
                 _ = tokio::time::sleep(POLL_INTERVAL) => {}
             }
         }
-        self.closing.cancel();
-        tracing::info!("websocket fan-out stopped");
     }
 
     /// Pushes every event after `seq` and moves `seq` past them.
@@ -230,6 +307,8 @@ impl Hub {
                     targets.extend(ids);
                 }
             }
+            // Named connections held by this process (the others are another process's).
+            targets.extend(ev.audience.connections.iter().filter_map(|id| reg.conns.get_key_value(id).map(|(k, _)| k)));
             let mut seen = HashSet::with_capacity(targets.len());
             targets.retain(|id| seen.insert(*id));
             if let Some(cid) = &ev.audience.except_watchers_of {
@@ -325,8 +404,11 @@ impl Watchers for Hub {
         remove_from(&mut reg.watchers, cid, connection_id);
         local
     }
+}
 
-    fn watcher_count(&self, cid: &str) -> usize {
+impl Hub {
+    /// Distinct users watching `cid` through this process (the store counts every process's).
+    pub fn local_watcher_count(&self, cid: &str) -> usize {
         self.read().watcher_count(cid)
     }
 }
@@ -492,7 +574,7 @@ mod tests {
             hub.dispatch(&outbox(message_event("bob", false, &[]), audience.clone()));
         }
         assert!(kick.is_cancelled());
-        assert_eq!(hub.watcher_count("agent:c1"), 1);
+        assert_eq!(hub.local_watcher_count("agent:c1"), 1);
         assert_eq!(hub.connection_count(), 1);
         for _ in 0..3 {
             assert!(fast.try_recv().is_ok());
@@ -504,12 +586,12 @@ mod tests {
         let (hub, _dir) = hub().await;
         let (_a, _) = conn(&hub, "a", "alice", 8);
         assert!(hub.watch("a", Some("mallory"), "agent:c1"), "the connection is here: nothing to relay");
-        assert_eq!(hub.watcher_count("agent:c1"), 0, "mallory cannot subscribe alice's connection");
+        assert_eq!(hub.local_watcher_count("agent:c1"), 0, "mallory cannot subscribe alice's connection");
         assert!(hub.watch("a", Some("alice"), "agent:c1"));
         assert!(hub.unwatch("a", Some("mallory"), "agent:c1"));
-        assert_eq!(hub.watcher_count("agent:c1"), 1, "mallory cannot unsubscribe alice's connection");
+        assert_eq!(hub.local_watcher_count("agent:c1"), 1, "mallory cannot unsubscribe alice's connection");
         assert!(hub.unwatch("a", None, "agent:c1"), "server-side requests may");
-        assert_eq!(hub.watcher_count("agent:c1"), 0);
+        assert_eq!(hub.local_watcher_count("agent:c1"), 0);
     }
 
     /// A throw-away SQLite file for unit tests (removed on drop).
