@@ -11,6 +11,7 @@ use offshoot_core::query::{self, UserField};
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::{ids, token, Error};
 use offshoot_store::UserPatch;
+use secrecy::ExposeSecret;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -281,7 +282,7 @@ pub async fn create_guest(State(st): State<ApiState>, ctx: Ctx, Body(body): Body
     inp.id = format!("guest-{}-{}", ids::new_id()[..8].to_owned(), inp.id);
     let users = st.store.upsert_users(&[inp]).await?;
     let user = &users[0];
-    let tok = token::sign(&token::Claims { user_id: Some(user.id.clone()), ..Default::default() }, &st.api_secret);
+    let tok = token::sign(&token::Claims { user_id: Some(user.id.clone()), ..Default::default() }, st.api_secret.expose_secret());
     Ok(ctx.ok(json!({"access_token": tok, "user": render::user(ctx.dialect, user)})))
 }
 

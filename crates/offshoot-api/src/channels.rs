@@ -310,11 +310,12 @@ pub async fn stop_watching(
     Ok(ctx.ok(json!({})))
 }
 
-/// The acting user a body names (server-side) or the caller, with its stored record.
+/// The acting user a body names (server-side) or the caller, with its stored record. A
+/// client-side caller's record is the one authentication already read ([`Ctx::user`]).
 pub(crate) async fn actor(st: &ApiState, ctx: &Ctx, actor: &Actor) -> Result<Option<User>, Error> {
     match actor.acting(&ctx.viewer, ctx.user.as_ref(), false)? {
-        Some(u) => Ok(Some(st.store.get_user(&u.id).await?.unwrap_or(u))),
-        None => Ok(None),
+        Some(u) if ctx.viewer.is_server() => Ok(Some(st.store.get_user(&u.id).await?.unwrap_or(u))),
+        acting => Ok(acting),
     }
 }
 

@@ -10,6 +10,7 @@ use offshoot_core::auth::{self, AppKeys, Caller, Credentials};
 use offshoot_core::model::{User, Viewer};
 use offshoot_core::render::Dialect;
 use offshoot_core::{Error, ErrorKind};
+use secrecy::ExposeSecret;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -85,7 +86,7 @@ impl FromRequestParts<ApiState> for Ctx {
             anonymous: auth_type.is_some_and(|t| t.eq_ignore_ascii_case("anonymous")),
             user_id: None,
         };
-        let keys = AppKeys { api_key: &state.api_key, api_secret: &state.api_secret };
+        let keys = AppKeys { api_key: &state.api_key, api_secret: state.api_secret.expose_secret() };
         let (viewer, user) = match auth::authenticate(&state.store, keys, creds).await? {
             Caller::Anonymous => {
                 crate::ops::record_caller("anonymous");

@@ -595,6 +595,22 @@ pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, 
     Ok(channels.pop())
 }
 
+/// Loads channels by cid (soft-deleted ones too), hydrated as [`load_channel`] does, keyed by
+/// cid: a fixed number of statements whatever their number.
+pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache, cids: &[String]) -> Result<HashMap<String, Channel>> {
+    let mut channels: Vec<Channel> = Vec::with_capacity(cids.len());
+    for chunk in cids.chunks(500) {
+        let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, ChannelRow>(AssertSqlSafe(sql));
+        for cid in chunk {
+            q = q.bind(cid.clone());
+        }
+        channels.extend(q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(Channel::from));
+    }
+    hydrate_channels(conn, cache, &mut channels).await?;
+    Ok(channels.into_iter().map(|c| (c.cid.clone(), c)).collect())
+}
+
 /// Fills the creators, fork summaries and type configs of channels: two statements (types
 /// come from the cache), whatever their number.
 pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {

@@ -701,7 +701,7 @@ impl Store {
     /// The step, and for a committed page: messages copied and, when the fork finished, its
     /// final status and whether it was truncated (for the metrics, recorded after the commit).
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_background().await?;
         let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok((BackfillStep::Done, None));

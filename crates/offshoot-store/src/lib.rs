@@ -67,6 +67,7 @@ mod rows;
 mod state;
 mod unread;
 mod users;
+mod writer;
 
 pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMark, ReadState};
 pub use counted::count_statements;
@@ -85,7 +86,7 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Executor, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
+use tokio::sync::{Notify, OwnedMutexGuard};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -229,8 +230,9 @@ pub struct Store {
     pool: AnyPool,
     backend: Backend,
     /// SQLite has one writer: write transactions of this process queue here instead of
-    /// spinning on `SQLITE_BUSY`. Other processes on the same file still meet busy_timeout.
-    write_lock: Option<Arc<Mutex<()>>>,
+    /// spinning on `SQLITE_BUSY`, requests ahead of backfill pages (`writer.rs`). Other
+    /// processes on the same file still meet busy_timeout.
+    write_lock: Option<Arc<writer::WriteLock>>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
     url: Arc<str>,
@@ -338,7 +340,7 @@ impl Store {
         Ok(Store {
             pool,
             backend,
-            write_lock: (backend == Backend::Sqlite).then(|| Arc::new(Mutex::new(()))),
+            write_lock: (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default())),
             events: Arc::new(Notify::new()),
             url: url.into(),
             cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
@@ -397,11 +399,26 @@ impl Store {
         self.cache.set_usable(false);
     }
 
+    /// A write transaction of a request.
     pub(crate) async fn begin(&self) -> Result<Tx> {
         let guard = match &self.write_lock {
-            Some(lock) => Some(lock.clone().lock_owned().await),
+            Some(lock) => Some(lock.request().await),
             None => None,
         };
+        self.begin_with(guard).await
+    }
+
+    /// A write transaction of background work (a backfill page), which on SQLite lets waiting
+    /// requests go first (`writer.rs`).
+    pub(crate) async fn begin_background(&self) -> Result<Tx> {
+        let guard = match &self.write_lock {
+            Some(lock) => Some(lock.background().await),
+            None => None,
+        };
+        self.begin_with(guard).await
+    }
+
+    async fn begin_with(&self, guard: Option<OwnedMutexGuard<()>>) -> Result<Tx> {
         let tx = match self.backend {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,

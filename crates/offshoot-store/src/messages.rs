@@ -1,7 +1,7 @@
 //! Messages, replies, reactions, truncation and rewind, with the visibility rules every read
 //! applies.
 
-use crate::channels::{event_for, load_channel, lock_and_load, reload, to_watchers_and_hooks};
+use crate::channels::{event_for, load_channel, load_channels, lock_and_load, reload, to_watchers_and_hooks};
 use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
@@ -604,28 +604,43 @@ impl Store {
         sql.push_str(&format!(" ORDER BY m.created_at DESC, m.id DESC LIMIT {}", limit.clamp(1, 100)));
         let rows: Vec<MessageRow> =
             sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        // The parents' channels, their replies and everything both show, each in a fixed number
+        // of statements whatever the number of threads.
         let parents: Vec<Message> = rows::all(rows);
-        let mut out = Vec::new();
-        for mut p in parents {
-            let Some(ch) = load_channel(&mut conn, &self.cache, &p.cid).await? else { continue };
-            if !is_visible(&p, false, ch.truncated_at, viewer) {
-                continue;
-            }
-            hydrate_messages(&mut conn, std::slice::from_mut(&mut p), viewer, ch.truncated_at).await?;
-            let mut binds = vec![Bind::S(p.id.clone())];
-            let vis = visible_to(viewer, ch.truncated_at, &mut binds);
-            let mut replies = paginate(
-                &mut conn,
-                &format!("m.parent_id = $1 AND {vis}"),
-                binds,
-                &Page { limit: reply_limit.clamp(0, 100), dir: PageDir::Latest },
-                "m.parent_id = $1",
-            )
-            .await?;
-            hydrate_messages(&mut conn, &mut replies, viewer, ch.truncated_at).await?;
-            out.push((p, replies, ch));
+        let cids: Vec<String> = parents.iter().map(|p| p.cid.clone()).collect::<HashSet<_>>().into_iter().collect();
+        let channels = load_channels(&mut conn, &self.cache, &cids).await?;
+        let truncated_at = |cid: &str| channels.get(cid).and_then(|c| c.truncated_at);
+        let mut parents: Vec<Message> =
+            parents.into_iter().filter(|p| channels.contains_key(&p.cid) && is_visible(p, false, truncated_at(&p.cid), viewer)).collect();
+        let mut binds = Vec::new();
+        let mut conditions = Vec::with_capacity(parents.len());
+        for p in &parents {
+            binds.push(Bind::S(p.id.clone()));
+            let at = binds.len();
+            let vis = visible_to(viewer, truncated_at(&p.cid), &mut binds);
+            conditions.push((p.id.clone(), format!("m.parent_id = ${at} AND {vis}")));
         }
-        Ok(out)
+        let mut replies =
+            latest_pages(&mut conn, &conditions, &binds, reply_limit.clamp(0, 100), |m| m.parent_id.clone().unwrap_or_default()).await?;
+        // Every parent and reply hydrated at once, then each thread given its part.
+        let mut all: Vec<Message> = Vec::new();
+        let mut lengths = Vec::with_capacity(parents.len());
+        for p in &parents {
+            let page = replies.remove(&p.id).unwrap_or_default();
+            lengths.push(page.len());
+            all.extend(page);
+        }
+        hydrate_messages_of(&mut conn, &mut parents, viewer, &truncated_at).await?;
+        hydrate_messages_of(&mut conn, &mut all, viewer, &truncated_at).await?;
+        let mut all = all.into_iter();
+        Ok(parents
+            .into_iter()
+            .zip(lengths)
+            .map(|(p, n)| {
+                let ch = channels[&p.cid].clone();
+                (p, all.by_ref().take(n).collect(), ch)
+            })
+            .collect())
     }
 }
 

@@ -37,8 +37,13 @@ impl BackfillJob {
 /// How backfills run and are retried.
 #[derive(Debug, Clone)]
 pub struct BackfillPolicy {
-    /// Messages copied per transaction.
+    /// Messages copied per transaction, at most. A page's size follows the time the last one
+    /// took, aiming at `page_budget` (within [`MIN_PAGE`]..=`page_size`): on SQLite a page
+    /// holds the one write lock, and a request arriving meanwhile waits for it (BENCHMARKS.md,
+    /// figure c); when the database is idle pages grow back to `page_size`.
     pub page_size: i64,
+    /// The time a page aims to take.
+    pub page_budget: Duration,
     /// Pause between pages (0 in production; tests use it to stop a worker mid-backfill).
     pub page_delay: Duration,
     /// Attempts before the fork is marked failed.
@@ -54,6 +59,7 @@ impl Default for BackfillPolicy {
     fn default() -> Self {
         BackfillPolicy {
             page_size: offshoot_core::fork::BACKFILL_PAGE,
+            page_budget: Duration::from_millis(25),
             page_delay: Duration::ZERO,
             max_attempts: 8,
             backoff_base: Duration::from_secs(1),
@@ -67,6 +73,7 @@ impl Default for BackfillPolicy {
 pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
     let policy = &shared.backfill;
     let cid = job.fork_cid.as_str();
+    let mut size = FIRST_PAGE.min(policy.page_size);
     loop {
         if shared.shutdown.is_cancelled() {
             // Hand the rest to whichever worker runs next (this one after a restart).
@@ -74,8 +81,10 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let step = shared.store.backfill_step(cid, policy.page_size).await;
-        tracing::debug!(fork = cid, elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "backfill page");
+        let step = shared.store.backfill_step(cid, size).await;
+        let took = started.elapsed();
+        tracing::debug!(fork = cid, size, elapsed_ms = took.as_secs_f64() * 1000.0, "backfill page");
+        size = next_page_size(size, took, policy);
         match step {
             Ok(BackfillStep::More) => {}
             Ok(BackfillStep::Done) | Ok(BackfillStep::Gone) => return Ok(()),
@@ -99,6 +108,19 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
             }
         }
     }
+}
+
+/// The first page of a job: small, since nothing is known yet of how long a page takes.
+const FIRST_PAGE: i64 = 100;
+/// The smallest page, whatever the time: below it a page is mostly its fixed cost.
+pub const MIN_PAGE: i64 = 20;
+
+/// The size of the next page: the last one scaled to the budget, at most halved or doubled at
+/// once, within [`MIN_PAGE`]..=`page_size`.
+fn next_page_size(size: i64, took: Duration, policy: &BackfillPolicy) -> i64 {
+    let scale = policy.page_budget.as_secs_f64() / took.as_secs_f64().max(1e-4);
+    let next = (size as f64 * scale.clamp(0.5, 2.0)).round() as i64;
+    next.clamp(MIN_PAGE.min(policy.page_size), policy.page_size.max(1))
 }
 
 /// What the reconciler remembers between rounds: when each backfilling fork's row last moved.
@@ -154,4 +176,23 @@ pub async fn reconcile(shared: &Shared, watch: &mut Watch, stall_after: Duration
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_shrink_when_slow_grow_when_fast_and_stay_within_bounds() {
+        let policy = BackfillPolicy { page_size: 1_000, page_budget: Duration::from_millis(25), ..Default::default() };
+        let ms = Duration::from_millis;
+        assert_eq!(next_page_size(400, ms(100), &policy), 200, "four times too slow: halved, not quartered");
+        assert_eq!(next_page_size(400, ms(50), &policy), 200);
+        assert_eq!(next_page_size(400, ms(20), &policy), 500);
+        assert_eq!(next_page_size(400, ms(1), &policy), 800, "at most doubled");
+        assert_eq!(next_page_size(800, ms(1), &policy), 1_000, "never above page_size");
+        assert_eq!(next_page_size(30, ms(500), &policy), MIN_PAGE, "never below the minimum");
+        let tiny = BackfillPolicy { page_size: 5, ..policy };
+        assert_eq!(next_page_size(5, ms(500), &tiny), 5, "a page_size below the minimum is kept");
+    }
 }

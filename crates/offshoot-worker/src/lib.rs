@@ -46,6 +46,7 @@ use offshoot_core::jobs::{BoxFuture, DeadLetter, JobCounts, Jobs};
 use offshoot_core::Error;
 use offshoot_store::Store;
 use queue::{Pools, QueueError, BACKFILL_QUEUE, WEBHOOK_QUEUE};
+use secrecy::SecretString;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -178,14 +179,15 @@ pub struct Shared {
     pub http: reqwest::Client,
     pub circuits: Circuits,
     pub api_key: Arc<str>,
-    pub api_secret: Arc<str>,
+    /// Signs deliveries (`X-Signature`); never logged.
+    pub api_secret: SecretString,
     /// Cancelled at shutdown: a backfill stops at its next page boundary.
     pub shutdown: CancellationToken,
 }
 
 /// Runs the worker role until `shutdown`: the apalis workers of both queues, the webhook
 /// queueing relay and the reconciler. In-flight jobs get a bounded time to finish.
-pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret: String, shutdown: CancellationToken) {
+pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret: SecretString, shutdown: CancellationToken) {
     let http = match reqwest::Client::builder().timeout(config.webhooks.attempt_timeout).redirect(reqwest::redirect::Policy::none()).build()
     {
         Ok(c) => c,
@@ -202,7 +204,7 @@ pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret
         http,
         circuits: Circuits::default(),
         api_key: api_key.into(),
-        api_secret: api_secret.into(),
+        api_secret,
         shutdown: shutdown.clone(),
     });
     // Unique per process start: a restarted process must not take over its predecessor's name.

@@ -13,7 +13,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::Row;
 use std::str::FromStr;
 use std::time::Duration;
 use ulid::Ulid;
@@ -47,6 +46,50 @@ pub enum LiveState {
     /// Taken by a worker that has not started it yet.
     Fetched,
     Running,
+}
+
+/// One read of apalis's tables, in each engine's text (apalis names its tables differently).
+struct EngineSql {
+    sqlite: &'static str,
+    postgres: &'static str,
+}
+
+const LIVE_JOBS: EngineSql = EngineSql {
+    sqlite: "SELECT job, status, COALESCE(run_at > CAST(strftime('%s', 'now') AS INTEGER), FALSE) FROM Jobs \
+             WHERE job_type = $1 AND status IN ('Pending', 'Queued', 'Running')",
+    postgres: "SELECT job, status, COALESCE(run_at > now(), FALSE) FROM apalis.jobs \
+               WHERE job_type = $1 AND status IN ('Pending', 'Queued', 'Running')",
+};
+
+const COUNTS: EngineSql = EngineSql {
+    sqlite: "SELECT status, COALESCE(run_at > CAST(strftime('%s', 'now') AS INTEGER), FALSE), COUNT(*) FROM Jobs \
+             WHERE job_type = $1 GROUP BY 1, 2",
+    postgres: "SELECT status, COALESCE(run_at > now(), FALSE), COUNT(*) FROM apalis.jobs WHERE job_type = $1 GROUP BY 1, 2",
+};
+
+const REMOVE_FINISHED: EngineSql = EngineSql {
+    sqlite: "DELETE FROM Jobs WHERE job_type IN ($1, $2) AND status = 'Done' \
+             AND done_at < CAST(strftime('%s', 'now') AS INTEGER) - $3",
+    postgres: "DELETE FROM apalis.jobs WHERE job_type IN ($1, $2) AND status = 'Done' \
+               AND done_at < now() - make_interval(secs => $3::float8)",
+};
+
+/// Runs `$body` on whichever typed pool `$pools` holds, with `$pool` bound to it and `$sql` to
+/// that engine's text of `$statement`: the body is written once and type-checked against each
+/// engine's pool.
+macro_rules! on_pool {
+    ($pools:expr, $statement:expr, |$pool:ident, $sql:ident| $body:expr) => {
+        match $pools {
+            Pools::Sqlite($pool) => {
+                let $sql = $statement.sqlite;
+                $body
+            }
+            Pools::Postgres($pool) => {
+                let $sql = $statement.postgres;
+                $body
+            }
+        }
+    };
 }
 
 /// Typed pools on the application's database, which apalis needs (it cannot use the store's
@@ -159,28 +202,8 @@ impl Pools {
 
     /// The jobs of `queue` that are waiting or running, with their state.
     pub async fn live_jobs<T: DeserializeOwned>(&self, queue: &str) -> Result<Vec<LiveJob<T>>, QueueError> {
-        let rows: Vec<(Vec<u8>, String, bool)> = match self {
-            Pools::Sqlite(pool) => sqlx::query(
-                "SELECT job, status, COALESCE(run_at > CAST(strftime('%s', 'now') AS INTEGER), FALSE) AS later FROM Jobs \
-                 WHERE job_type = ?1 AND status IN ('Pending', 'Queued', 'Running')",
-            )
-            .bind(queue)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get("job")?, r.try_get("status")?, r.try_get("later")?)))
-            .collect::<Result<_, sqlx::Error>>()?,
-            Pools::Postgres(pool) => sqlx::query(
-                "SELECT job, status, COALESCE(run_at > now(), FALSE) AS later FROM apalis.jobs \
-                 WHERE job_type = $1 AND status IN ('Pending', 'Queued', 'Running')",
-            )
-            .bind(queue)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get("job")?, r.try_get("status")?, r.try_get("later")?)))
-            .collect::<Result<_, sqlx::Error>>()?,
-        };
+        let rows: Vec<(Vec<u8>, String, bool)> =
+            on_pool!(self, LIVE_JOBS, |pool, sql| sqlx::query_as(sql).bind(queue).fetch_all(pool).await?);
         Ok(rows
             .into_iter()
             .filter_map(|(job, status, later)| {
@@ -198,26 +221,7 @@ impl Pools {
 
     /// Jobs of `queue` by state (`dead_lettered` is the caller's to fill in).
     pub async fn counts(&self, queue: &str) -> Result<JobCounts, QueueError> {
-        let rows: Vec<(String, bool, i64)> = match self {
-            Pools::Sqlite(pool) => sqlx::query(
-                "SELECT status, run_at > CAST(strftime('%s', 'now') AS INTEGER) AS later, COUNT(*) AS n FROM Jobs WHERE job_type = ?1 GROUP BY 1, 2",
-            )
-            .bind(queue)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get("status")?, r.try_get("later")?, r.try_get("n")?)))
-            .collect::<Result<_, sqlx::Error>>()?,
-            Pools::Postgres(pool) => sqlx::query(
-                "SELECT status, run_at > now() AS later, COUNT(*) AS n FROM apalis.jobs WHERE job_type = $1 GROUP BY 1, 2",
-            )
-            .bind(queue)
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get("status")?, r.try_get("later")?, r.try_get("n")?)))
-            .collect::<Result<_, sqlx::Error>>()?,
-        };
+        let rows: Vec<(String, bool, i64)> = on_pool!(self, COUNTS, |pool, sql| sqlx::query_as(sql).bind(queue).fetch_all(pool).await?);
         let mut c = JobCounts { queue: queue.to_string(), ..Default::default() };
         for (status, later, n) in rows {
             match status.as_str() {
@@ -233,27 +237,14 @@ impl Pools {
 
     /// Removes our queues' jobs that finished more than an hour ago.
     pub async fn remove_finished(&self) -> Result<u64, QueueError> {
-        let n = match self {
-            Pools::Sqlite(pool) => sqlx::query(
-                "DELETE FROM Jobs WHERE job_type IN (?1, ?2) AND status = 'Done' AND done_at < CAST(strftime('%s', 'now') AS INTEGER) - ?3",
-            )
+        let done = on_pool!(self, REMOVE_FINISHED, |pool, sql| sqlx::query(sql)
             .bind(BACKFILL_QUEUE)
             .bind(WEBHOOK_QUEUE)
             .bind(KEEP_DONE.as_secs() as i64)
             .execute(pool)
             .await?
-            .rows_affected(),
-            Pools::Postgres(pool) => sqlx::query(
-                "DELETE FROM apalis.jobs WHERE job_type IN ($1, $2) AND status = 'Done' AND done_at < now() - make_interval(secs => $3)",
-            )
-            .bind(BACKFILL_QUEUE)
-            .bind(WEBHOOK_QUEUE)
-            .bind(KEEP_DONE.as_secs_f64())
-            .execute(pool)
-            .await?
-            .rows_affected(),
-        };
-        Ok(n)
+            .rows_affected());
+        Ok(done)
     }
 }
 

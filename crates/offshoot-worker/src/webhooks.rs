@@ -30,6 +30,7 @@ use offshoot_core::model::{AppSettings, OutboxEvent};
 use offshoot_core::render::{self, Dialect};
 use offshoot_core::time;
 use offshoot_store::{DeadLetterRecord, Store};
+use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::collections::HashMap;
@@ -327,7 +328,7 @@ async fn post(shared: &Shared, job: &DeliveryJob) -> Outcome {
         .http
         .post(&job.url)
         .header("Content-Type", "application/json")
-        .header("X-Signature", sign(&shared.api_secret, job.body.as_bytes()))
+        .header("X-Signature", sign(shared.api_secret.expose_secret(), job.body.as_bytes()))
         .header("X-Webhook-Id", &job.id)
         .header("X-Webhook-Attempt", job.attempt.to_string())
         .header("X-Api-Key", &*shared.api_key)

@@ -7,6 +7,7 @@ use offshoot_core::model::{Custom, User};
 use offshoot_core::wire::{Extra, UserReadOnly};
 use offshoot_core::{time, Error};
 use offshoot_store::UserInput;
+use secrecy::ExposeSecret;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -57,7 +58,7 @@ pub(crate) async fn authenticate(hub: &Hub, creds: Credentials) -> Result<User, 
         anonymous: creds.anonymous,
         user_id: creds.user_id.as_deref(),
     };
-    let keys = AppKeys { api_key: &hub.api_key, api_secret: &hub.api_secret };
+    let keys = AppKeys { api_key: &hub.api_key, api_secret: hub.api_secret.expose_secret() };
     match auth::authenticate(&hub.store, keys, presented).await? {
         Caller::Anonymous => {
             // Never trust a client-chosen id here: events addressed to that user would leak.

@@ -25,6 +25,7 @@ use axum::Router;
 use offshoot_core::model::{Event, OutboxEvent, UnreadCounts, Watchers, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::render::{self, Dialect};
 use offshoot_store::Store;
+use secrecy::SecretString;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,7 +51,7 @@ pub struct Hub {
     /// This process's id in the store's presence records.
     instance: String,
     api_key: String,
-    api_secret: String,
+    api_secret: SecretString,
     registry: RwLock<Registry>,
     /// Cancelled when [`Hub::run`] stops: every connection then closes with "going away".
     closing: CancellationToken,
@@ -134,12 +135,12 @@ fn remove_from(map: &mut HashMap<String, HashSet<String>>, key: &str, id: &str) 
 }
 
 impl Hub {
-    pub fn new(store: Store, api_key: String, api_secret: String) -> Arc<Hub> {
+    pub fn new(store: Store, api_key: String, api_secret: SecretString) -> Arc<Hub> {
         Self::with_max_connections(store, api_key, api_secret, DEFAULT_MAX_CONNECTIONS)
     }
 
     /// A hub that refuses connections beyond `max_connections` (503, Stream code 71).
-    pub fn with_max_connections(store: Store, api_key: String, api_secret: String, max_connections: usize) -> Arc<Hub> {
+    pub fn with_max_connections(store: Store, api_key: String, api_secret: SecretString, max_connections: usize) -> Arc<Hub> {
         Arc::new(Hub {
             store,
             instance: uuid::Uuid::new_v4().to_string(),
@@ -493,7 +494,7 @@ mod tests {
     async fn hub() -> (Arc<Hub>, tempdir::Dir) {
         let dir = tempdir::Dir::new();
         let store = Store::connect(&dir.url()).await.unwrap();
-        (Hub::new(store, "k".into(), "s".into()), dir)
+        (Hub::new(store, "k".into(), SecretString::from("s")), dir)
     }
 
     fn conn(hub: &Hub, id: &str, user: &str, capacity: usize) -> (mpsc::Receiver<Utf8Bytes>, CancellationToken) {

@@ -11,7 +11,7 @@ pub use config::{Config, LogFormat, MetricsListen, Roles, Settings};
 use anyhow::Context;
 use offshoot_core::model::{NoWatchers, Watchers};
 use offshoot_store::Store;
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -30,6 +30,7 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     } else {
         tracing::info!(api_key = %api_key, "app loaded");
     }
+    let api_secret = SecretString::from(api_secret);
     // Every role pushes jobs (the API queues backfills), so every role opens the queue.
     let queue = offshoot_worker::Queue::connect(store.clone(), &config.database_url)
         .await

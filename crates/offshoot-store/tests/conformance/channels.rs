@@ -463,6 +463,42 @@ async fn query_channels_sends_the_same_number_of_statements_for_two_channels_and
     .await;
 }
 
+/// What Query Threads reads for `viewer`, who sees `expected` threads. Returns the statements sent.
+async fn query_threads_statements(s: &Store, viewer: &Viewer, expected: usize) -> u64 {
+    let ((), statements) = offshoot_store::count_statements(async {
+        let threads = s.query_threads(viewer, None, 100, 5).await.expect("query threads");
+        assert_eq!(threads.len(), expected);
+        for (parent, replies, ch) in &threads {
+            assert_eq!(parent.cid, ch.cid);
+            assert_eq!(replies.len(), 1, "{}: its one reply", ch.cid);
+            assert_eq!(replies[0].parent_id.as_deref(), Some(parent.id.as_str()));
+            assert_eq!(parent.reaction_counts.len(), 1, "the parent is hydrated");
+            assert!(ch.config.is_some() && ch.created_by.is_some(), "the channel is hydrated");
+        }
+    })
+    .await;
+    statements
+}
+
+#[tokio::test]
+async fn query_threads_sends_the_same_number_of_statements_for_two_threads_and_for_eight() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        for viewer in [Viewer::Server, crate::support::viewer("amy")] {
+            seed_channels(s, 0, 2).await;
+            let few = query_threads_statements(s, &viewer, 2).await;
+            seed_channels(s, 2, 6).await;
+            let many = query_threads_statements(s, &viewer, 8).await;
+            assert!(few > 0, "statements are counted");
+            assert_eq!(few, many, "the statements of a Query Threads call grow with its threads ({viewer:?})");
+            for i in 0..8 {
+                s.delete_channel(&format!("agent:qc{i}"), true, None).await.expect("clean up");
+            }
+        }
+    })
+    .await;
+}
+
 /// One channel read with `channel_states` and with `channel_state` (the single-channel path)
 /// gives the same state.
 #[tokio::test]

@@ -1,0 +1,130 @@
+//! SQLite's one writer, shared by this process's write transactions in two classes: requests
+//! (every API and WebSocket write) and background pages (fork backfills). A background page
+//! takes the lock only when no request is waiting for it, so a request waits for at most the
+//! one page in progress instead of queueing behind every backfill's next page
+//! (BENCHMARKS.md, figure c). A background page that has waited
+//! [`BACKGROUND_PATIENCE`] takes its turn anyway, so a steady stream of requests cannot starve a
+//! backfill.
+//!
+//! PostgreSQL has no such lock: its writers meet on row locks only.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
+
+/// How long a background page defers to waiting requests before it queues like one.
+pub const BACKGROUND_PATIENCE: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Default)]
+pub(crate) struct WriteLock {
+    lock: Arc<Mutex<()>>,
+    /// Requests waiting for the lock.
+    waiting: AtomicUsize,
+    /// Woken when the last waiting request has taken the lock.
+    none_waiting: Notify,
+}
+
+/// Counts one waiting request for as long as it waits (also when its future is dropped).
+struct Waiting<'a>(&'a WriteLock);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.0.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none_waiting.notify_waiters();
+        }
+    }
+}
+
+impl WriteLock {
+    /// The lock for a request's transaction: in arrival order among requests, ahead of any
+    /// background page that has not started.
+    pub(crate) async fn request(&self) -> OwnedMutexGuard<()> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(self);
+        self.lock.clone().lock_owned().await
+    }
+
+    /// The lock for a background page: once no request waits, or after [`BACKGROUND_PATIENCE`].
+    pub(crate) async fn background(&self) -> OwnedMutexGuard<()> {
+        let deadline = tokio::time::Instant::now() + BACKGROUND_PATIENCE;
+        loop {
+            // Created before the check, so a wake-up between the check and the wait is kept.
+            let none_waiting = self.none_waiting.notified();
+            if self.waiting.load(Ordering::Acquire) == 0 {
+                let guard = self.lock.clone().lock_owned().await;
+                // A request that arrived while this one queued goes first (it waits for no
+                // page: the lock is handed to it now).
+                if self.waiting.load(Ordering::Acquire) == 0 || tokio::time::Instant::now() >= deadline {
+                    return guard;
+                }
+                drop(guard);
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, none_waiting).await.is_err() {
+                return self.lock.clone().lock_owned().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[tokio::test]
+    async fn a_waiting_request_goes_before_a_background_page() {
+        let w = Arc::new(WriteLock::default());
+        let held = w.request().await;
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let bg = {
+            let (w, order) = (w.clone(), order.clone());
+            tokio::spawn(async move {
+                let _g = w.background().await;
+                order.lock().expect("order").push("background");
+            })
+        };
+        tokio::task::yield_now().await;
+        let req = {
+            let (w, order) = (w.clone(), order.clone());
+            tokio::spawn(async move {
+                let _g = w.request().await;
+                order.lock().expect("order").push("request");
+            })
+        };
+        // Both are waiting (the background page queued first).
+        while w.waiting.load(Ordering::Acquire) < 1 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        req.await.expect("request");
+        bg.await.expect("background");
+        assert_eq!(*order.lock().expect("order"), ["request", "background"]);
+    }
+
+    #[tokio::test]
+    async fn a_background_page_is_not_starved_by_a_stream_of_requests() {
+        let w = Arc::new(WriteLock::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut requests = Vec::new();
+        for _ in 0..4 {
+            let (w, stop) = (w.clone(), stop.clone());
+            requests.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Acquire) {
+                    let _g = w.request().await;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let got = tokio::time::timeout(BACKGROUND_PATIENCE * 8, w.background()).await;
+        stop.store(true, Ordering::Release);
+        assert!(got.is_ok(), "the background page got the lock despite the requests");
+        drop(got);
+        for r in requests {
+            r.await.expect("request loop");
+        }
+    }
+}
