@@ -28,7 +28,8 @@
 //! stops its heartbeat; after [`WorkerConfig::heartbeat`] × [`MISSED_HEARTBEATS`] a live
 //! worker's heartbeat puts its jobs back in the queue, and the backfill resumes from the fork's
 //! cursor. On PostgreSQL workers are woken by LISTEN/NOTIFY and poll every
-//! [`WorkerConfig::poll_interval`] besides; on SQLite they poll.
+//! [`WorkerConfig::poll_interval`] besides; on SQLite a push by this process wakes its workers
+//! ([`queue::Wake`]) and they poll besides.
 //!
 //! Depends on `offshoot-core`, `offshoot-store`, apalis and sqlx (typed pools for apalis);
 //! must not depend on axum, the API or the WebSocket crate.
@@ -238,15 +239,19 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
     let poll = config.poll_interval;
     let (bf_n, wh_n) = (config.backfill.concurrency.max(1), config.webhooks.concurrency.max(1));
     match &shared.pools {
-        Pools::Sqlite(pool) => {
+        Pools::Sqlite(pool, wake) => {
             let cfg = move |queue: &str, n: usize| {
                 apalis_sqlite::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
             };
-            let (p1, s1, name1) = (pool.clone(), shared.clone(), format!("backfill-{instance}"));
-            let (p2, s2, name2) = (pool.clone(), shared.clone(), format!("webhook-{instance}"));
+            // A push by this process wakes its worker at once; the interval catches the rest.
+            let strategy = move |wake: &queue::Wake, queue: &'static str| Strategy::new().stream(wake.stream(queue)).interval(poll);
+            let (p1, s1, w1, name1) = (pool.clone(), shared.clone(), wake.clone(), format!("backfill-{instance}"));
+            let (p2, s2, w2, name2) = (pool.clone(), shared.clone(), wake.clone(), format!("webhook-{instance}"));
             monitor
                 .register(move |restarts| {
-                    let backend = SqliteStorage::<BackfillJob>::new(&p1).with_config(cfg(BACKFILL_QUEUE, bf_n)).poll_with_interval(poll);
+                    let backend = SqliteStorage::<BackfillJob>::new(&p1)
+                        .with_config(cfg(BACKFILL_QUEUE, bf_n))
+                        .poll_with_strategy(strategy(&w1, BACKFILL_QUEUE));
                     WorkerBuilder::new(format!("{name1}-{restarts}"))
                         .backend(backend)
                         .data(s1.clone())
@@ -254,7 +259,9 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
                         .build(backfill::run_job)
                 })
                 .register(move |restarts| {
-                    let backend = SqliteStorage::<DeliveryJob>::new(&p2).with_config(cfg(WEBHOOK_QUEUE, wh_n)).poll_with_interval(poll);
+                    let backend = SqliteStorage::<DeliveryJob>::new(&p2)
+                        .with_config(cfg(WEBHOOK_QUEUE, wh_n))
+                        .poll_with_strategy(strategy(&w2, WEBHOOK_QUEUE));
                     WorkerBuilder::new(format!("{name2}-{restarts}"))
                         .backend(backend)
                         .data(s2.clone())

@@ -13,7 +13,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use futures_util::Stream;
+use std::pin::Pin;
 use std::str::FromStr;
+use tokio::sync::broadcast;
 use std::time::Duration;
 use ulid::Ulid;
 
@@ -80,7 +83,7 @@ const REMOVE_FINISHED: EngineSql = EngineSql {
 macro_rules! on_pool {
     ($pools:expr, $statement:expr, |$pool:ident, $sql:ident| $body:expr) => {
         match $pools {
-            Pools::Sqlite($pool) => {
+            Pools::Sqlite($pool, _) => {
                 let $sql = $statement.sqlite;
                 $body
             }
@@ -93,11 +96,50 @@ macro_rules! on_pool {
 }
 
 /// Typed pools on the application's database, which apalis needs (it cannot use the store's
-/// `Any` pool).
+/// `Any` pool). SQLite's carries the [`Wake`] of this process's workers.
 #[derive(Clone, Debug)]
 pub enum Pools {
-    Sqlite(SqlitePool),
+    Sqlite(SqlitePool, Wake),
     Postgres(PgPool),
+}
+
+/// On SQLite, wakes this process's workers as soon as this process pushes a job to their
+/// queue: apalis finds SQLite jobs by polling, and without it a fork's backfill (or a webhook)
+/// would wait up to a whole poll interval to start. PostgreSQL workers are woken by
+/// LISTEN/NOTIFY instead. A job pushed by another process on the same file (not a production
+/// setup on SQLite) is still found by the poll.
+#[derive(Clone, Debug)]
+pub struct Wake(broadcast::Sender<&'static str>);
+
+impl Wake {
+    fn new() -> Wake {
+        Wake(broadcast::channel(64).0)
+    }
+
+    fn pushed(&self, queue: &str) {
+        let queue = match queue {
+            BACKFILL_QUEUE => BACKFILL_QUEUE,
+            WEBHOOK_QUEUE => WEBHOOK_QUEUE,
+            _ => return,
+        };
+        // No receiver: this process runs no worker; the workers elsewhere poll.
+        let _ = self.0.send(queue);
+    }
+
+    /// Yields each time a job is pushed to `queue` (and after missed wake-ups); never ends.
+    pub fn stream(&self, queue: &'static str) -> Pin<Box<dyn Stream<Item = ()> + Send + Sync>> {
+        Box::pin(futures_util::stream::unfold(self.0.subscribe(), move |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(pushed) if pushed == queue => return Some(((), rx)),
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Some(((), rx)),
+                    // The pools are gone: the worker is stopping; never wake again.
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+                }
+            }
+        }))
+    }
 }
 
 impl Pools {
@@ -118,7 +160,7 @@ impl Pools {
                 let mut migrator = SqliteStorage::<()>::migrations();
                 migrator.dangerous_set_table_name(SQLITE_APALIS_MIGRATIONS_TABLE);
                 migrator.run(&pool).await?;
-                Ok(Pools::Sqlite(pool))
+                Ok(Pools::Sqlite(pool, Wake::new()))
             }
             Backend::Postgres => {
                 let pool = PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(30)).connect(url).await?;
@@ -132,7 +174,7 @@ impl Pools {
 
     pub async fn close(&self) {
         match self {
-            Pools::Sqlite(p) => p.close().await,
+            Pools::Sqlite(p, _) => p.close().await,
             Pools::Postgres(p) => p.close().await,
         }
     }
@@ -157,9 +199,10 @@ impl Pools {
         let stream = futures_util::stream::iter(tasks);
         // A storage per push: cheap, and a failed flush cannot leave tasks buffered for the next.
         match self {
-            Pools::Sqlite(pool) => {
+            Pools::Sqlite(pool, wake) => {
                 let mut s = SqliteStorage::<T>::new(pool).with_config(apalis_sqlite::Config::default().queue(queue));
                 s.push_all(stream).await.map_err(|e| format!("{e}"))?;
+                wake.pushed(queue);
             }
             Pools::Postgres(pool) => {
                 let mut s = PostgresStorage::<T>::new(pool).with_config(apalis_postgres::Config::default().queue(queue));
