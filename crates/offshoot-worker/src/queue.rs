@@ -7,17 +7,17 @@ use crate::webhooks::DeliveryJob;
 use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
 use apalis_postgres::PostgresStorage;
 use apalis_sqlite::SqliteStorage;
+use futures_util::Stream;
 use offshoot_core::jobs::JobCounts;
 use offshoot_store::Backend;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use futures_util::Stream;
 use std::pin::Pin;
 use std::str::FromStr;
-use tokio::sync::broadcast;
 use std::time::Duration;
+use tokio::sync::broadcast;
 use ulid::Ulid;
 
 /// The queue of fork backfills.
