@@ -82,6 +82,32 @@ async fn a_backfill_that_keeps_failing_ends_failed_after_its_attempts_and_keeps_
     assert_eq!(queue(&counts, "offshoot.backfill")["queued"], json!(0), "nothing is left to retry: {counts}");
 }
 
+/// A fork queued by the API is started by the worker at once, not at its next poll: on
+/// PostgreSQL LISTEN/NOTIFY wakes it, on SQLite the pushing process wakes its own worker
+/// (`queue::Wake`). With the poll, apalis's heartbeat (which also fetches) and the reconciler
+/// an hour apart, only the wake-up can start the backfill.
+#[tokio::test]
+async fn a_queued_backfill_starts_at_once_even_when_the_worker_polls_only_hourly() {
+    let app = TestApp::spawn_with(|c| {
+        c.worker_poll_interval = Duration::from_secs(3600);
+        c.worker.heartbeat = Duration::from_secs(3600);
+        c.worker.reconcile_interval = Duration::from_secs(3600);
+    })
+    .await;
+    app.users(&["u1"]).await;
+    app.channel("agent:woken", "u1", &["u1"]).await;
+    let m = app.seed("agent:woken", "u1", "woken", 150, past_ns(), 8).await;
+    // Let the worker's first poll (at its start) pass, so only a wake-up is left.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..2 {
+        let r = app.fork("agent:woken", &m[149], &format!("woken-fork-{i}")).await.ok();
+        assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+        let done = app.wait_fork_finished_within(&format!("agent:woken-fork-{i}"), Duration::from_secs(60)).await;
+        assert_eq!(done["status"], json!("completed"), "{done}");
+        assert_eq!(done["copied_message_count"], json!(150), "{done}");
+    }
+}
+
 /// Makes the queue's table say that a live worker took every backfill job, while no worker runs
 /// them: the state a task lost inside a worker leaves behind (its worker keeps its heartbeat,
 /// so apalis never hands the job to anyone else). The "worker" is seen in a day's time.

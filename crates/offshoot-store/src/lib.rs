@@ -267,10 +267,6 @@ impl Tx {
         if wrote {
             events::append(&mut tx, backend, events).await?;
         }
-        if backend == Backend::Postgres && wrote {
-            // NOTIFY is transactional: other processes hear it when this commits.
-            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(crate::counted(&mut *tx)).await?;
-        }
         tx.commit().await?;
         if wrote {
             store.events.notify_waiters();

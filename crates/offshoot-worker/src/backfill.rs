@@ -7,7 +7,7 @@
 //! A page that fails ends the job and pushes a new one after an exponential back-off; after
 //! the last attempt the fork becomes `failed` (`backfill_error`).
 
-use crate::queue::{LiveState, BACKFILL_QUEUE};
+use crate::queue::{LiveState, Pools, BACKFILL_QUEUE};
 use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use offshoot_store::BackfillStep;
@@ -37,12 +37,13 @@ impl BackfillJob {
 /// How backfills run and are retried.
 #[derive(Debug, Clone)]
 pub struct BackfillPolicy {
-    /// Messages copied per transaction, at most. A page's size follows the time the last one
-    /// took, aiming at `page_budget` (within [`MIN_PAGE`]..=`page_size`): on SQLite a page
-    /// holds the one write lock, and a request arriving meanwhile waits for it (BENCHMARKS.md,
-    /// figure c); when the database is idle pages grow back to `page_size`.
+    /// Messages copied per transaction, at most.
     pub page_size: i64,
-    /// The time a page aims to take.
+    /// On SQLite, the longest a page should take: a page holds the one write lock, and a
+    /// request arriving meanwhile waits for it (BENCHMARKS.md, figure c). A page that took
+    /// longer makes the next one smaller (down to [`MIN_PAGE`]); pages grow back to
+    /// `page_size` when they are fast again. On PostgreSQL a page locks only its fork's rows,
+    /// so pages stay at `page_size`.
     pub page_budget: Duration,
     /// Pause between pages (0 in production; tests use it to stop a worker mid-backfill).
     pub page_delay: Duration,
@@ -59,7 +60,7 @@ impl Default for BackfillPolicy {
     fn default() -> Self {
         BackfillPolicy {
             page_size: offshoot_core::fork::BACKFILL_PAGE,
-            page_budget: Duration::from_millis(25),
+            page_budget: Duration::from_millis(50),
             page_delay: Duration::ZERO,
             max_attempts: 8,
             backoff_base: Duration::from_secs(1),
@@ -73,7 +74,8 @@ impl Default for BackfillPolicy {
 pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
     let policy = &shared.backfill;
     let cid = job.fork_cid.as_str();
-    let mut size = FIRST_PAGE.min(policy.page_size);
+    let bounded = matches!(shared.pools, Pools::Sqlite(..));
+    let mut size = policy.page_size;
     loop {
         if shared.shutdown.is_cancelled() {
             // Hand the rest to whichever worker runs next (this one after a restart).
@@ -84,7 +86,9 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
         let step = shared.store.backfill_step(cid, size).await;
         let took = started.elapsed();
         tracing::debug!(fork = cid, size, elapsed_ms = took.as_secs_f64() * 1000.0, "backfill page");
-        size = next_page_size(size, took, policy);
+        if bounded {
+            size = next_page_size(size, took, policy);
+        }
         match step {
             Ok(BackfillStep::More) => {}
             Ok(BackfillStep::Done) | Ok(BackfillStep::Gone) => return Ok(()),
@@ -110,13 +114,12 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
     }
 }
 
-/// The first page of a job: small, since nothing is known yet of how long a page takes.
-const FIRST_PAGE: i64 = 100;
 /// The smallest page, whatever the time: below it a page is mostly its fixed cost.
 pub const MIN_PAGE: i64 = 20;
 
-/// The size of the next page: the last one scaled to the budget, at most halved or doubled at
-/// once, within [`MIN_PAGE`]..=`page_size`.
+/// The size of the next page on SQLite: the last one scaled to the budget, at most halved or
+/// doubled at once, within [`MIN_PAGE`]..=`page_size` (so a page within its budget is never
+/// made smaller).
 fn next_page_size(size: i64, took: Duration, policy: &BackfillPolicy) -> i64 {
     let scale = policy.page_budget.as_secs_f64() / took.as_secs_f64().max(1e-4);
     let next = (size as f64 * scale.clamp(0.5, 2.0)).round() as i64;
@@ -185,6 +188,7 @@ mod tests {
     #[test]
     fn pages_shrink_when_slow_grow_when_fast_and_stay_within_bounds() {
         let policy = BackfillPolicy { page_size: 1_000, page_budget: Duration::from_millis(25), ..Default::default() };
+        assert_eq!(next_page_size(1_000, Duration::from_millis(20), &policy), 1_000, "within budget at full size: kept");
         let ms = Duration::from_millis;
         assert_eq!(next_page_size(400, ms(100), &policy), 200, "four times too slow: halved, not quartered");
         assert_eq!(next_page_size(400, ms(50), &policy), 200);

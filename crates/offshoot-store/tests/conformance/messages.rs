@@ -567,3 +567,33 @@ async fn racing_sends_of_one_message_id_store_one_message() {
     })
     .await;
 }
+
+/// Statements one send of a plain message sends in `cid`.
+async fn send_statements(s: &offshoot_store::Store, cid: &str, id: &str) -> u64 {
+    let (sent, statements) = offshoot_store::count_statements(s.send_message(cid, &msg(id, "hello"), &user("amy"))).await;
+    sent.expect("send");
+    statements
+}
+
+/// A send is a fixed number of statements: they do not grow with the channel's members (unread
+/// counters, recipients' totals, watchers are each one statement) or with its history.
+#[tokio::test]
+async fn a_send_sends_the_same_number_of_statements_in_a_small_channel_and_a_big_one() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let small = agent_channel(s, "stmt-small", &["amy", "ben"]).await;
+        let many: Vec<String> = (0..20).map(|i| format!("member{i:02}")).collect();
+        let mut members: Vec<&str> = many.iter().map(String::as_str).collect();
+        members.push("amy");
+        let big = agent_channel(s, "stmt-big", &members).await;
+        crate::support::seed(s, &big.cid, "ben", "stmt-history", 200, crate::support::BASE_TS).await;
+        // A first send in each warms the caches (app settings, channel types).
+        send_statements(s, &small.cid, "stmt-warm-small").await;
+        send_statements(s, &big.cid, "stmt-warm-big").await;
+        let few = send_statements(s, &small.cid, "stmt-s").await;
+        let lots = send_statements(s, &big.cid, "stmt-b").await;
+        assert!(few > 0, "statements are counted");
+        assert_eq!(few, lots, "a send's statements grow with the channel's members or history");
+    })
+    .await;
+}
