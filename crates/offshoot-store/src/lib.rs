@@ -21,7 +21,8 @@
 //!
 //! # Concurrent writers
 //!
-//! SQLite serialises write transactions (one process-wide lock plus `BEGIN IMMEDIATE`);
+//! SQLite serialises write transactions (one process-wide lock plus `BEGIN IMMEDIATE`; requests
+//! take the lock before backfill pages, `writer.rs`);
 //! PostgreSQL runs them concurrently at READ COMMITTED, so every read-modify-write here either
 //! is one statement (`INSERT … ON CONFLICT DO UPDATE`, `UPDATE … SET n = n + 1`) or reads under
 //! a row lock (`SELECT … FOR UPDATE`, `Tx::for_update`) what it writes back. Each public
@@ -35,7 +36,9 @@
 //!    fork's channel row;
 //! 2. the fork row (backfill pages);
 //! 3. member rows, in user id order;
-//! 4. message rows (new messages, reply counts of parents, copies);
+//! 4. message rows (new messages, reply counts of parents, copies), then the member rows'
+//!    unread counters of the same channel (`unread.rs`; written after the message, under the
+//!    channel lock that every writer of those counters holds);
 //! 5. user rows, in user id order (upserts and partial updates lock only these; the app row
 //!    and channel type rows are, like them, locked alone); a user's WebSocket connection and
 //!    watch rows are written only under that user's row lock (`presence.rs`);
