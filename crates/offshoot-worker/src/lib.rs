@@ -234,6 +234,27 @@ pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret
     tracing::info!("worker stopped");
 }
 
+/// Registers one worker per queue on one engine's storage type: `$storage::<$job>` configured
+/// by `$config(queue, concurrency)` and polled with `$strategy(queue)`. A macro, because the two
+/// engines' storages are distinct types with no trait over their constructors and configs.
+macro_rules! register_workers {
+    ($monitor:expr, $shared:expr, $instance:expr, $pool:expr, $storage:ident, $config:expr, $strategy:expr,
+     $(($job:ty, $queue:expr, $n:expr, $name:literal, $handler:path)),+ $(,)?) => {{
+        let monitor = $monitor;
+        $(
+            let monitor = {
+                let (pool, shared, strategy) = ($pool.clone(), $shared.clone(), $strategy.clone());
+                let (config, name) = ($config, format!("{}-{}", $name, $instance));
+                monitor.register(move |restarts| {
+                    let backend = $storage::<$job>::new(&pool).with_config(config($queue, $n)).poll_with_strategy(strategy($queue));
+                    WorkerBuilder::new(format!("{name}-{restarts}")).backend(backend).data(shared.clone()).concurrency($n).build($handler)
+                })
+            };
+        )+
+        monitor
+    }};
+}
+
 fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, instance: &str) -> Monitor {
     let hb = config.heartbeat;
     let poll = config.poll_interval;
@@ -244,61 +265,38 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
                 apalis_sqlite::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
             };
             // A push by this process wakes its worker at once; the interval catches the rest.
-            let strategy = move |wake: &queue::Wake, queue: &'static str| Strategy::new().stream(wake.stream(queue)).interval(poll);
-            let (p1, s1, w1, name1) = (pool.clone(), shared.clone(), wake.clone(), format!("backfill-{instance}"));
-            let (p2, s2, w2, name2) = (pool.clone(), shared.clone(), wake.clone(), format!("webhook-{instance}"));
-            monitor
-                .register(move |restarts| {
-                    let backend = SqliteStorage::<BackfillJob>::new(&p1)
-                        .with_config(cfg(BACKFILL_QUEUE, bf_n))
-                        .poll_with_strategy(strategy(&w1, BACKFILL_QUEUE));
-                    WorkerBuilder::new(format!("{name1}-{restarts}"))
-                        .backend(backend)
-                        .data(s1.clone())
-                        .concurrency(bf_n)
-                        .build(backfill::run_job)
-                })
-                .register(move |restarts| {
-                    let backend = SqliteStorage::<DeliveryJob>::new(&p2)
-                        .with_config(cfg(WEBHOOK_QUEUE, wh_n))
-                        .poll_with_strategy(strategy(&w2, WEBHOOK_QUEUE));
-                    WorkerBuilder::new(format!("{name2}-{restarts}"))
-                        .backend(backend)
-                        .data(s2.clone())
-                        .concurrency(wh_n)
-                        .build(webhooks::run_job)
-                })
+            let wake = wake.clone();
+            let strategy = move |queue: &'static str| Strategy::new().stream(wake.stream(queue)).interval(poll);
+            register_workers!(
+                monitor,
+                shared,
+                instance,
+                pool,
+                SqliteStorage,
+                cfg,
+                strategy,
+                (BackfillJob, BACKFILL_QUEUE, bf_n, "backfill", backfill::run_job),
+                (DeliveryJob, WEBHOOK_QUEUE, wh_n, "webhook", webhooks::run_job),
+            )
         }
         Pools::Postgres(pool) => {
             let cfg = move |queue: &str, n: usize| {
                 apalis_postgres::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
             };
             // LISTEN/NOTIFY wakes an idle worker at once; the interval catches what it missed.
-            let strategy =
-                move |pool: &sqlx::PgPool, queue: &str| Strategy::new().stream(Pubsub::new(pool.clone(), queue.to_string())).interval(poll);
-            let (p1, s1, name1) = (pool.clone(), shared.clone(), format!("backfill-{instance}"));
-            let (p2, s2, name2) = (pool.clone(), shared.clone(), format!("webhook-{instance}"));
-            monitor
-                .register(move |restarts| {
-                    let backend = PostgresStorage::<BackfillJob>::new(&p1)
-                        .with_config(cfg(BACKFILL_QUEUE, bf_n))
-                        .poll_with_strategy(strategy(&p1, BACKFILL_QUEUE));
-                    WorkerBuilder::new(format!("{name1}-{restarts}"))
-                        .backend(backend)
-                        .data(s1.clone())
-                        .concurrency(bf_n)
-                        .build(backfill::run_job)
-                })
-                .register(move |restarts| {
-                    let backend = PostgresStorage::<DeliveryJob>::new(&p2)
-                        .with_config(cfg(WEBHOOK_QUEUE, wh_n))
-                        .poll_with_strategy(strategy(&p2, WEBHOOK_QUEUE));
-                    WorkerBuilder::new(format!("{name2}-{restarts}"))
-                        .backend(backend)
-                        .data(s2.clone())
-                        .concurrency(wh_n)
-                        .build(webhooks::run_job)
-                })
+            let listen = pool.clone();
+            let strategy = move |queue: &'static str| Strategy::new().stream(Pubsub::new(listen.clone(), queue.to_string())).interval(poll);
+            register_workers!(
+                monitor,
+                shared,
+                instance,
+                pool,
+                PostgresStorage,
+                cfg,
+                strategy,
+                (BackfillJob, BACKFILL_QUEUE, bf_n, "backfill", backfill::run_job),
+                (DeliveryJob, WEBHOOK_QUEUE, wh_n, "webhook", webhooks::run_job),
+            )
         }
     }
 }

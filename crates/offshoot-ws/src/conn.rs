@@ -78,22 +78,9 @@ pub(crate) async fn connect_legacy(
     Query(params): Query<HashMap<String, String>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let (ws, slot) = match admit(&hub, ws) {
-        Ok(admitted) => admitted,
-        Err(refused) => return *refused,
-    };
-    ws.max_message_size(MAX_INCOMING).read_buffer_size(READ_BUFFER).on_upgrade(move |socket| async move {
-        let _slot = slot;
-        let (mut sink, source) = socket.split();
+    upgrade(hub, ws, move |hub, sink, source| async move {
         let creds = legacy_credentials(&params);
-        let user = match creds {
-            Ok(creds) => auth::authenticate(&hub, creds).await,
-            Err(e) => Err(e),
-        };
-        match user {
-            Ok(user) => session(hub, sink, source, user, Dialect::Legacy, "health.check").await,
-            Err(e) => reject(&mut sink, source, &e).await,
-        }
+        serve(hub, sink, source, creds, Dialect::Legacy, "health.check").await
     })
 }
 
@@ -103,27 +90,45 @@ pub(crate) async fn connect_v2(
     Query(params): Query<HashMap<String, String>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    upgrade(hub, ws, move |hub, sink, mut source| async move {
+        let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
+            Ok(Some(text)) => v2_credentials(&params, &text),
+            Ok(None) => return,
+            Err(_) => Err(Error::input("no auth frame ({\"token\": …, \"user_details\": {\"id\": …}}) within 10 s")),
+        };
+        serve(hub, sink, source, creds, Dialect::V2, "connection.ok").await
+    })
+}
+
+/// Admits a WebSocket request (it takes a connection slot, or is refused) and upgrades it,
+/// handing the socket's halves to `run`, which holds the slot for as long as it runs.
+fn upgrade<F, Fut>(hub: Arc<Hub>, ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>, run: F) -> Response
+where
+    F: FnOnce(Arc<Hub>, Sink, Source) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let (ws, slot) = match admit(&hub, ws) {
         Ok(admitted) => admitted,
         Err(refused) => return *refused,
     };
     ws.max_message_size(MAX_INCOMING).read_buffer_size(READ_BUFFER).on_upgrade(move |socket| async move {
         let _slot = slot;
-        let (mut sink, mut source) = socket.split();
-        let creds = match timeout(AUTH_TIMEOUT, first_text(&mut source)).await {
-            Ok(Some(text)) => v2_credentials(&params, &text),
-            Ok(None) => return,
-            Err(_) => Err(Error::input("no auth frame ({\"token\": …, \"user_details\": {\"id\": …}}) within 10 s")),
-        };
-        let user = match creds {
-            Ok(creds) => auth::authenticate(&hub, creds).await,
-            Err(e) => Err(e),
-        };
-        match user {
-            Ok(user) => session(hub, sink, source, user, Dialect::V2, "connection.ok").await,
-            Err(e) => reject(&mut sink, source, &e).await,
-        }
+        let (sink, source) = socket.split();
+        run(hub, sink, source).await
     })
+}
+
+/// Authenticates the connection's credentials and runs its session (greeting it with `hello`),
+/// or answers the error and closes.
+async fn serve(hub: Arc<Hub>, mut sink: Sink, source: Source, creds: Result<Credentials, Error>, dialect: Dialect, hello: &str) {
+    let user = match creds {
+        Ok(creds) => auth::authenticate(&hub, creds).await,
+        Err(e) => Err(e),
+    };
+    match user {
+        Ok(user) => session(hub, sink, source, user, dialect, hello).await,
+        Err(e) => reject(&mut sink, source, &e).await,
+    }
 }
 
 fn anonymous(params: &HashMap<String, String>) -> bool {
