@@ -99,7 +99,9 @@ async fn a_queued_backfill_starts_at_once_even_when_the_worker_polls_only_hourly
     let m = app.seed("agent:woken", "u1", "woken", 150, past_ns(), 8).await;
     // Let the worker's first poll (at its start) pass, so only a wake-up is left.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    for i in 0..2 {
+    // One after the other: each fork's job is pushed right after the last one finished, while
+    // the worker may be fetching again (the race `queue::Wake` has to survive).
+    for i in 0..5 {
         let r = app.fork("agent:woken", &m[149], &format!("woken-fork-{i}")).await.ok();
         assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
         let done = app.wait_fork_finished_within(&format!("agent:woken-fork-{i}"), Duration::from_secs(60)).await;

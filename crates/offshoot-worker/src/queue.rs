@@ -103,6 +103,9 @@ pub enum Pools {
     Postgres(PgPool),
 }
 
+/// How long after a wake-up [`Wake::stream`] wakes its worker again.
+const WAKE_ECHO: Duration = Duration::from_millis(100);
+
 /// On SQLite, wakes this process's workers as soon as this process pushes a job to their
 /// queue: apalis finds SQLite jobs by polling, and without it a fork's backfill (or a webhook)
 /// would wait up to a whole poll interval to start. PostgreSQL workers are woken by
@@ -126,14 +129,22 @@ impl Wake {
         let _ = self.0.send(queue);
     }
 
-    /// Yields each time a job is pushed to `queue` (and after missed wake-ups); never ends.
+    /// Yields each time a job is pushed to `queue` (and after missed wake-ups), then once more
+    /// [`WAKE_ECHO`] later; never ends. The echo is needed because apalis's poll gate only
+    /// wakes the fetch loop: a wake-up that arrives while a fetch is already in flight (one that
+    /// started before the job was committed) is taken by that fetch, which finds nothing, and
+    /// would be lost. The echo starts a fetch that surely began after the commit.
     pub fn stream(&self, queue: &'static str) -> Pin<Box<dyn Stream<Item = ()> + Send + Sync>> {
-        Box::pin(futures_util::stream::unfold(self.0.subscribe(), move |mut rx| async move {
+        Box::pin(futures_util::stream::unfold((self.0.subscribe(), false), move |(mut rx, echo)| async move {
+            if echo {
+                tokio::time::sleep(WAKE_ECHO).await;
+                return Some(((), (rx, false)));
+            }
             loop {
                 match rx.recv().await {
-                    Ok(pushed) if pushed == queue => return Some(((), rx)),
+                    Ok(pushed) if pushed == queue => return Some(((), (rx, true))),
                     Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => return Some(((), rx)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Some(((), (rx, true))),
                     // The pools are gone: the worker is stopping; never wake again.
                     Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
                 }
