@@ -5,6 +5,11 @@
 //! Handlers parse input into domain types, check permissions (offshoot-core) and call the
 //! store. Depends on offshoot-core and offshoot-store; must not depend on offshoot-ws or
 //! offshoot-worker (the WebSocket registry arrives as a `Watchers` trait object).
+//!
+//! Handlers look alike on purpose: each names its extractors (state, caller, path, query or
+//! body type) and then loads, checks and calls the store in a few lines. The `duplicates` tool
+//! lists those signatures as repeated shape; the shared steps themselves are one function each
+//! (`ctx.rs` authentication, `channels::load`, `require_read`/`require_manage`, `actor`).
 
 mod app;
 mod channels;

@@ -4,6 +4,9 @@
 //!
 //! This crate does no I/O. It must not depend on axum, sqlx, tokio or any transport or storage
 //! crate; everything else depends on it.
+//!
+//! The model's structs (`model.rs`) spell out Stream's field lists one by one; the
+//! `duplicates` tool lists the shared runs of fields between them, which are data, not logic.
 
 pub mod auth;
 pub mod error;

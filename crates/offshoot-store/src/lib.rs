@@ -10,6 +10,11 @@
 //! (`tests/conformance.rs`) runs every method on both backends, and its `schema` test compares
 //! the schemas the two folders build.
 //!
+//! Rows decode into one `FromRow` struct per table (`rows.rs`) and convert into the model field
+//! by field; statements that differ by one column or condition (the rewind's updates, for one)
+//! are written out rather than assembled from fragments, so that each reads as the SQL it runs.
+//! These are what the `duplicates` tool still lists here: shape, not repeated logic.
+//!
 //! **Where the schemas differ, and why.** Flags are `BOOLEAN` on PostgreSQL and `INTEGER` 0/1
 //! on SQLite: sqlx's `Any` driver maps a SQLite column by its declared type and has no mapping
 //! for a declared `BOOLEAN` (every read of such a column fails), so SQLite keeps `INTEGER`
