@@ -586,13 +586,7 @@ pub(crate) fn read_states_sql(cid: &str, limit: &str) -> String {
 
 /// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
 pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, cid: &str) -> Result<Option<Channel>> {
-    let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
-        .bind(cid.to_string())
-        .fetch_optional(crate::counted(&mut *conn))
-        .await?;
-    let mut channels: Vec<Channel> = row.into_iter().map(Channel::from).collect();
-    hydrate_channels(conn, cache, &mut channels).await?;
-    Ok(channels.pop())
+    Ok(load_channels(conn, cache, &[cid.to_string()]).await?.remove(cid))
 }
 
 /// Loads channels by cid (soft-deleted ones too), hydrated as [`load_channel`] does, keyed by
