@@ -412,6 +412,13 @@ impl Store {
         self.begin_with(guard).await
     }
 
+    /// On SQLite, how many request transactions so far had to wait for the one write lock
+    /// (`writer.rs`); `None` on PostgreSQL, which has no such lock. A backfill compares it
+    /// before and after a page to know whether the page held anyone up.
+    pub fn request_write_waits(&self) -> Option<u64> {
+        self.write_lock.as_ref().map(|lock| lock.request_waits())
+    }
+
     /// A write transaction of background work (a backfill page), which on SQLite lets waiting
     /// requests go first (`writer.rs`).
     pub(crate) async fn begin_background(&self) -> Result<Tx> {

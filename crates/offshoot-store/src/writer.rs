@@ -6,9 +6,13 @@
 //! [`BACKGROUND_PATIENCE`] takes its turn anyway, so a steady stream of requests cannot starve a
 //! backfill.
 //!
+//! The lock also counts the requests that had to wait for it ([`WriteLock::request_waits`]):
+//! a backfill page that no request waited for may stay large, one that delayed a request
+//! makes the next one smaller (the worker's page sizing).
+//!
 //! PostgreSQL has no such lock: its writers meet on row locks only.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
@@ -23,6 +27,8 @@ pub(crate) struct WriteLock {
     waiting: AtomicUsize,
     /// Woken when the last waiting request has taken the lock.
     none_waiting: Notify,
+    /// Requests so far that found the lock taken.
+    waits: AtomicU64,
 }
 
 /// Counts one waiting request for as long as it waits (also when its future is dropped).
@@ -40,9 +46,18 @@ impl WriteLock {
     /// The lock for a request's transaction: in arrival order among requests, ahead of any
     /// background page that has not started.
     pub(crate) async fn request(&self) -> OwnedMutexGuard<()> {
+        if let Ok(free) = self.lock.clone().try_lock_owned() {
+            return free;
+        }
+        self.waits.fetch_add(1, Ordering::AcqRel);
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let _waiting = Waiting(self);
         self.lock.clone().lock_owned().await
+    }
+
+    /// How many requests so far found the lock taken and waited.
+    pub(crate) fn request_waits(&self) -> u64 {
+        self.waits.load(Ordering::Acquire)
     }
 
     /// The lock for a background page: once no request waits, or after [`BACKGROUND_PATIENCE`].
@@ -102,6 +117,26 @@ mod tests {
         req.await.expect("request");
         bg.await.expect("background");
         assert_eq!(*order.lock().expect("order"), ["request", "background"]);
+    }
+
+    #[tokio::test]
+    async fn only_a_request_that_finds_the_lock_taken_counts_as_a_wait() {
+        let w = Arc::new(WriteLock::default());
+        drop(w.request().await);
+        drop(w.background().await);
+        assert_eq!(w.request_waits(), 0, "free lock: no wait");
+        let page = w.background().await;
+        let req = {
+            let w = w.clone();
+            tokio::spawn(async move { drop(w.request().await) })
+        };
+        while w.waiting.load(Ordering::Acquire) < 1 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(w.request_waits(), 1, "a request behind a page waits");
+        drop(page);
+        req.await.expect("request");
+        assert_eq!(w.request_waits(), 1);
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 //! A page that fails ends the job and pushes a new one after an exponential back-off; after
 //! the last attempt the fork becomes `failed` (`backfill_error`).
 
-use crate::queue::{LiveState, Pools, BACKFILL_QUEUE};
+use crate::queue::{LiveState, BACKFILL_QUEUE};
 use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use offshoot_store::BackfillStep;
@@ -39,11 +39,12 @@ impl BackfillJob {
 pub struct BackfillPolicy {
     /// Messages copied per transaction, at most.
     pub page_size: i64,
-    /// On SQLite, the longest a page should take: a page holds the one write lock, and a
-    /// request arriving meanwhile waits for it (BENCHMARKS.md, figure c). A page that took
-    /// longer makes the next one smaller (down to [`MIN_PAGE`]); pages grow back to
-    /// `page_size` when they are fast again. On PostgreSQL a page locks only its fork's rows,
-    /// so pages stay at `page_size`.
+    /// On SQLite, the longest a page should take while requests wait: a page holds the one
+    /// write lock, and a request arriving meanwhile waits for it (BENCHMARKS.md, figure c). A
+    /// page that a request waited for and that took longer makes the next one smaller (down
+    /// to [`MIN_PAGE`]); pages grow back to `page_size` when they are fast again or nobody
+    /// waited, so an idle server copies in full pages (BENCHMARKS.md, the apalis worker). On
+    /// PostgreSQL a page locks only its fork's rows, so pages stay at `page_size`.
     pub page_budget: Duration,
     /// Pause between pages (0 in production; tests use it to stop a worker mid-backfill).
     pub page_delay: Duration,
@@ -74,7 +75,6 @@ impl Default for BackfillPolicy {
 pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
     let policy = &shared.backfill;
     let cid = job.fork_cid.as_str();
-    let bounded = matches!(shared.pools, Pools::Sqlite(..));
     let mut size = policy.page_size;
     loop {
         if shared.shutdown.is_cancelled() {
@@ -83,11 +83,17 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
             return Ok(());
         }
         let started = std::time::Instant::now();
+        let waits_before = shared.store.request_write_waits();
         let step = shared.store.backfill_step(cid, size).await;
         let took = started.elapsed();
-        tracing::debug!(fork = cid, size, elapsed_ms = took.as_secs_f64() * 1000.0, "backfill page");
-        if bounded {
-            size = next_page_size(size, took, policy);
+        // Only SQLite has a write lock to wait for (None on PostgreSQL: full pages).
+        let held_up = match (waits_before, shared.store.request_write_waits()) {
+            (Some(before), Some(after)) => Some(after > before),
+            _ => None,
+        };
+        tracing::debug!(fork = cid, size, elapsed_ms = took.as_secs_f64() * 1000.0, ?held_up, "backfill page");
+        if let Some(held_up) = held_up {
+            size = next_page_size(size, took, held_up, policy);
         }
         match step {
             Ok(BackfillStep::More) => {}
@@ -117,11 +123,15 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
 /// The smallest page, whatever the time: below it a page is mostly its fixed cost.
 pub const MIN_PAGE: i64 = 20;
 
-/// The size of the next page on SQLite: the last one scaled to the budget, at most halved or
-/// doubled at once, within [`MIN_PAGE`]..=`page_size` (so a page within its budget is never
+/// The size of the next page on SQLite: when a request waited during the last one (`held_up`),
+/// the last one scaled to the budget, else doubled; at most halved or doubled at once, within
+/// [`MIN_PAGE`]..=`page_size` (so a page within its budget, or one nobody waited for, is never
 /// made smaller).
-fn next_page_size(size: i64, took: Duration, policy: &BackfillPolicy) -> i64 {
-    let scale = policy.page_budget.as_secs_f64() / took.as_secs_f64().max(1e-4);
+fn next_page_size(size: i64, took: Duration, held_up: bool, policy: &BackfillPolicy) -> i64 {
+    let scale = match held_up {
+        true => policy.page_budget.as_secs_f64() / took.as_secs_f64().max(1e-4),
+        false => 2.0,
+    };
     let next = (size as f64 * scale.clamp(0.5, 2.0)).round() as i64;
     next.clamp(MIN_PAGE.min(policy.page_size), policy.page_size.max(1))
 }
@@ -186,17 +196,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pages_shrink_when_slow_grow_when_fast_and_stay_within_bounds() {
+    fn pages_shrink_when_slow_and_waited_for_grow_otherwise_and_stay_within_bounds() {
         let policy = BackfillPolicy { page_size: 1_000, page_budget: Duration::from_millis(25), ..Default::default() };
-        assert_eq!(next_page_size(1_000, Duration::from_millis(20), &policy), 1_000, "within budget at full size: kept");
         let ms = Duration::from_millis;
-        assert_eq!(next_page_size(400, ms(100), &policy), 200, "four times too slow: halved, not quartered");
-        assert_eq!(next_page_size(400, ms(50), &policy), 200);
-        assert_eq!(next_page_size(400, ms(20), &policy), 500);
-        assert_eq!(next_page_size(400, ms(1), &policy), 800, "at most doubled");
-        assert_eq!(next_page_size(800, ms(1), &policy), 1_000, "never above page_size");
-        assert_eq!(next_page_size(30, ms(500), &policy), MIN_PAGE, "never below the minimum");
-        let tiny = BackfillPolicy { page_size: 5, ..policy };
-        assert_eq!(next_page_size(5, ms(500), &tiny), 5, "a page_size below the minimum is kept");
+        let waited = |size, took| next_page_size(size, ms(took), true, &policy);
+        assert_eq!(waited(1_000, 20), 1_000, "within budget at full size: kept");
+        assert_eq!(waited(400, 100), 200, "four times too slow: halved, not quartered");
+        assert_eq!(waited(400, 50), 200);
+        assert_eq!(waited(400, 20), 500);
+        assert_eq!(waited(400, 1), 800, "at most doubled");
+        assert_eq!(waited(800, 1), 1_000, "never above page_size");
+        assert_eq!(waited(30, 500), MIN_PAGE, "never below the minimum");
+        let tiny = BackfillPolicy { page_size: 5, ..policy.clone() };
+        assert_eq!(next_page_size(5, ms(500), true, &tiny), 5, "a page_size below the minimum is kept");
+        let alone = |size, took| next_page_size(size, ms(took), false, &policy);
+        assert_eq!(alone(1_000, 500), 1_000, "slow but nobody waited: kept at full size");
+        assert_eq!(alone(100, 500), 200, "nobody waited: grows back");
+        assert_eq!(alone(800, 500), 1_000);
     }
 }
