@@ -90,10 +90,19 @@ pub(crate) async fn clear(tx: &mut Tx, cid: &str, user: &str) -> Result<()> {
     Ok(())
 }
 
-/// The SQL of a user's counters over their channels that are not deleted, grouped by user.
+/// The SQL of a user's counters over their channels that are not deleted, grouped by user; the
+/// caller adds the condition on `mb` that picks the users, and the grouping.
+///
+/// The plan must start from the users' member rows (`member` by `user_id`) whatever the
+/// statistics: PostgreSQL run without them (autovacuum off) took `channel … deleted_at IS NULL`
+/// for one row and scanned every channel of the database for each send (BENCHMARKS.md, fourth
+/// session). The channel's liveness is therefore a correlated lookup by primary key, which the
+/// planner cannot turn into a join of its choosing; a member row of a missing channel counts
+/// as deleted, as the join did.
 const TOTALS: &str = "SELECT mb.user_id AS user_id, CAST(SUM(mb.unread_count) AS BIGINT) AS total, \
      CAST(SUM(CASE WHEN mb.unread_count > 0 THEN 1 ELSE 0 END) AS BIGINT) AS channels \
-     FROM member mb JOIN channel c ON c.cid = mb.cid AND c.deleted_at IS NULL";
+     FROM member mb \
+     WHERE (SELECT CASE WHEN c.deleted_at IS NULL THEN 1 ELSE 0 END FROM channel c WHERE c.cid = mb.cid) = 1 AND";
 
 /// One row of [`TOTALS`].
 #[derive(sqlx::FromRow)]
@@ -111,7 +120,7 @@ impl Totals {
 
 /// One user's counters over all their channels (a read of their member rows).
 pub(crate) async fn counts_of(conn: &mut AnyConnection, user_id: &str) -> Result<UnreadCounts> {
-    let row: Option<Totals> = sqlx::query_as(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id = $1 GROUP BY mb.user_id")))
+    let row: Option<Totals> = sqlx::query_as(AssertSqlSafe(format!("{TOTALS} mb.user_id = $1 GROUP BY mb.user_id")))
         .bind(user_id.to_string())
         .fetch_optional(counted(&mut *conn))
         .await?;
@@ -122,7 +131,7 @@ pub(crate) async fn counts_of(conn: &mut AnyConnection, user_id: &str) -> Result
 /// new message carry to each recipient.
 pub(crate) async fn counts_of_members(conn: &mut AnyConnection, cid: &str) -> Result<BTreeMap<String, UnreadCounts>> {
     let rows: Vec<Totals> = sqlx::query_as(AssertSqlSafe(format!(
-        "{TOTALS} WHERE mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id"
+        "{TOTALS} mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id"
     )))
     .bind(cid.to_string())
     .fetch_all(counted(&mut *conn))
@@ -136,7 +145,7 @@ pub(crate) async fn counts_of_users(conn: &mut AnyConnection, users: &[String]) 
         return Ok(BTreeMap::new());
     }
     let list = rows::placeholders(1, users.len());
-    let mut q = sqlx::query_as::<_, Totals>(AssertSqlSafe(format!("{TOTALS} WHERE mb.user_id IN ({list}) GROUP BY mb.user_id")));
+    let mut q = sqlx::query_as::<_, Totals>(AssertSqlSafe(format!("{TOTALS} mb.user_id IN ({list}) GROUP BY mb.user_id")));
     for u in users {
         q = q.bind(u.clone());
     }
