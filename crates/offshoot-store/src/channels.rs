@@ -476,7 +476,8 @@ pub(crate) async fn lock_for_new_message(
     also: &[String],
 ) -> Result<Option<(Channel, HashMap<String, User>)>> {
     // SQLite's RETURNING takes no table alias: the columns of CHANNEL_COLS by the table's name.
-    let returning = CHANNEL_COLS.split(", ").map(|c| c.trim_start_matches("c.").replace("= c.", "= channel.")).collect::<Vec<_>>().join(", ");
+    let returning =
+        CHANNEL_COLS.split(", ").map(|c| c.trim_start_matches("c.").replace("= c.", "= channel.")).collect::<Vec<_>>().join(", ");
     let sql = format!("UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3 RETURNING {returning}");
     let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(sql))
         .bind(created_at)

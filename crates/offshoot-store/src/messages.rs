@@ -1,7 +1,9 @@
 //! Messages, replies, reactions, truncation and rewind, with the visibility rules every read
 //! applies.
 
-use crate::channels::{event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL};
+use crate::channels::{
+    event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL,
+};
 use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
