@@ -111,8 +111,7 @@ async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage,
 /// A message the caller may see, with its channel.
 async fn visible_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message, Channel), Error> {
     let missing = || Error::not_found(format!("message with id {id:?} does not exist"));
-    let (m, hidden) = st.store.get_message(id, &ctx.viewer).await?.ok_or_else(missing)?;
-    let ch = st.store.get_channel(&m.cid).await?.ok_or_else(missing)?;
+    let (m, hidden, ch) = st.store.get_message_in_channel(id, &ctx.viewer).await?.ok_or_else(missing)?;
     if !offshoot_store::is_visible(&m, hidden, ch.truncated_at, &ctx.viewer) || ch.deleted_at.is_some() {
         return Err(missing());
     }

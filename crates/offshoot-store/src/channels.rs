@@ -1,7 +1,7 @@
 //! Channels and members.
 
 use crate::cache::ConfigCache;
-use crate::messages::{arguments, insert_new_message, lock_channel, Bind};
+use crate::messages::{arguments, insert_new_message, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
 use crate::rows::{self, placeholders, ChannelRow, ForkSummaryRow, MemberRow, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
 use crate::unread::{self, UnreadCounts};
@@ -444,10 +444,55 @@ impl WithChannel for Event {
 
 /// Locks a channel's row (PostgreSQL) and loads it: the first step of every write that touches
 /// a channel or its members or messages (crate doc, lock order).
+/// One statement locks and reads the row (`SELECT … FOR UPDATE`), so the lock is held for one
+/// round trip less than a lock followed by a read.
 pub(crate) async fn lock_and_load(tx: &mut Tx, cid: &str) -> Result<Option<Channel>> {
-    lock_channel(tx, cid).await?;
-    load_channel(&mut tx.tx, &tx.cache, cid).await
+    let Some(ch) = lock_channel_row(tx, "c.cid = $1", cid).await? else { return Ok(None) };
+    let mut chs = vec![ch];
+    hydrate_channels(&mut tx.tx, &tx.cache, &mut chs).await?;
+    Ok(chs.pop())
 }
+
+/// Locks (PostgreSQL) and reads the channel row matching `condition` (on alias `c`, binding
+/// `key` as `$1`), without its creator, fork summary or type: for writes that need only the
+/// row's own fields (its cid, type, id and truncation).
+pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) -> Result<Option<Channel>> {
+    let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE {condition}{}", tx.for_update());
+    let row: Option<ChannelRow> =
+        sqlx::query_as(AssertSqlSafe(sql)).bind(key.to_string()).fetch_optional(crate::counted(&mut *tx.tx)).await?;
+    Ok(row.map(Channel::from))
+}
+
+/// Records a new message on its channel (`last_message_at`, `message_count`, `updated_at`) and
+/// returns the channel as written, with its creator, fork summary and type, and the users
+/// `also` names (loaded with the creator, in one statement). The update takes the channel's
+/// row lock, so it is the first step of a send (crate doc, lock order): the lock, the read and
+/// the write are one statement. A send that fails a check afterwards rolls it back.
+pub(crate) async fn lock_for_new_message(
+    tx: &mut Tx,
+    cid: &str,
+    created_at: i64,
+    now: i64,
+    also: &[String],
+) -> Result<Option<(Channel, HashMap<String, User>)>> {
+    // SQLite's RETURNING takes no table alias: the columns of CHANNEL_COLS by the table's name.
+    let returning =
+        CHANNEL_COLS.split(", ").map(|c| c.trim_start_matches("c.").replace("= c.", "= channel.")).collect::<Vec<_>>().join(", ");
+    let sql = format!("UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3 RETURNING {returning}");
+    let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(sql))
+        .bind(created_at)
+        .bind(now)
+        .bind(cid.to_string())
+        .fetch_optional(crate::counted(&mut *tx.tx))
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let mut chs = vec![Channel::from(row)];
+    let users = hydrate_channels_with(&mut tx.tx, &tx.cache, &mut chs, also).await?;
+    Ok(chs.pop().map(|ch| (ch, users)))
+}
+
+/// The assignments of a new message's channel update (`$1` its `created_at`, `$2` now).
+pub(crate) const BUMP_CHANNEL: &str = "last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $1 THEN $1 ELSE last_message_at END, message_count = message_count + 1, updated_at = $2";
 
 /// The channel as this transaction sees it now; it holds the channel's lock, so it exists.
 pub(crate) async fn reload(tx: &mut Tx, cid: &str) -> Result<Channel> {
@@ -608,11 +653,23 @@ pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache,
 /// Fills the creators, fork summaries and type configs of channels: two statements (types
 /// come from the cache), whatever their number.
 pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {
+    hydrate_channels_with(conn, cache, channels, &[]).await.map(|_| ())
+}
+
+/// [`hydrate_channels`], loading the users `also` names with the creators; returns every user
+/// it loaded.
+async fn hydrate_channels_with(
+    conn: &mut AnyConnection,
+    cache: &ConfigCache,
+    channels: &mut [Channel],
+    also: &[String],
+) -> Result<HashMap<String, User>> {
     if channels.is_empty() {
-        return Ok(());
+        return Ok(HashMap::new());
     }
-    let creator_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
-    let creators = load_users(conn, &creator_ids).await?;
+    let mut user_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
+    user_ids.extend(also.iter().cloned());
+    let creators = load_users(conn, &user_ids).await?;
     let mut forks: HashMap<String, ForkSummary> = HashMap::new();
     for chunk in channels.chunks(500) {
         let sql = format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid IN ({})", placeholders(1, chunk.len()));
@@ -631,7 +688,7 @@ pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCac
         ch.fork = forks.remove(&ch.cid);
         ch.config = types.get(&ch.kind).cloned();
     }
-    Ok(())
+    Ok(creators)
 }
 
 pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {

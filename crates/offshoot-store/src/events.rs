@@ -17,8 +17,9 @@ impl Tx {
 /// holds it until commit, so `seq` order is commit order and a consumer's cursor never skips
 /// an event committed late; it is the last lock of every transaction (crate doc, lock order).
 /// Every PostgreSQL writer passes through that lock, so the work done under it is kept small:
-/// the events are serialised before it is taken and written in one statement (their `seq`
-/// follows their order in the statement's `VALUES`, which is the order they were queued in).
+/// the events are serialised before it is taken and written in the statement that takes it
+/// (their `seq` follows their order in the statement's `VALUES`, which is the order they were
+/// queued in), so the lock is held for that statement and the commit only.
 pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<(Event, Audience)>) -> Result<()> {
     if events.is_empty() {
         return Ok(());
@@ -33,20 +34,26 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
             event.created_at,
         ));
     }
-    if backend == Backend::Postgres {
-        // NOTIFY is transactional: other processes hear it when this commits. Sent with the
-        // lock, to spare the critical section a round trip.
-        sqlx::query("SELECT pg_advisory_xact_lock(7261001), pg_notify('offshoot_events', '')").execute(crate::counted(&mut **tx)).await?;
-    }
     // 5 parameters a row; a statement stays far below either engine's parameter limit.
-    for chunk in rows.chunks(500) {
+    for (i, chunk) in rows.chunks(500).enumerate() {
         let values: Vec<String> = (0..chunk.len())
             .map(|i| {
                 let b = i * 5;
                 format!("(${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5)
             })
             .collect();
-        let sql = format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {}", values.join(", "));
+        let sql = match backend {
+            // The lock is taken by the statement's first row: every row, and so every `seq`
+            // drawn for one, comes after it. NOTIFY is transactional (other processes hear it
+            // when this commits) and rides along.
+            Backend::Postgres if i == 0 => format!(
+                "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(7261001), pg_notify('offshoot_events', '')) \
+                 INSERT INTO event (type, cid, payload, audience, created_at) \
+                 SELECT v.* FROM outbox_lock, (VALUES {}) AS v (type, cid, payload, audience, created_at)",
+                values.join(", ")
+            ),
+            _ => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {}", values.join(", ")),
+        };
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (kind, cid, payload, audience, created_at) in chunk {
             q = q.bind(kind.clone()).bind(cid.clone()).bind(payload.clone()).bind(audience.clone()).bind(*created_at);

@@ -35,10 +35,11 @@
 //!
 //! **Lock order.** Every transaction takes its locks in this order, and only the prefix it needs:
 //!
-//! 1. the channel row (`lock_channel`): the first step of every write that touches a channel,
-//!    its members or its messages (a message's channel is looked up, then locked, then the
-//!    message is read under that lock); a fork locks its source's row, a backfill page its
-//!    fork's channel row;
+//! 1. the channel row (`lock_channel`, `lock_and_load`): the first step of every write that
+//!    touches a channel, its members or its messages (a message's channel is looked up and
+//!    locked in one statement, then the message is read under that lock; a send takes the lock
+//!    with the channel's own update, `UPDATE … RETURNING`); a fork locks its source's row, a
+//!    backfill page its fork's channel row;
 //! 2. the fork row (backfill pages);
 //! 3. member rows, in user id order;
 //! 4. message rows (new messages, reply counts of parents, copies), then the member rows'

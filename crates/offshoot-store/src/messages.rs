@@ -1,7 +1,9 @@
 //! Messages, replies, reactions, truncation and rewind, with the visibility rules every read
 //! applies.
 
-use crate::channels::{event_for, load_channel, load_channels, lock_and_load, reload, to_watchers_and_hooks};
+use crate::channels::{
+    event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL,
+};
 use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
@@ -141,21 +143,47 @@ impl Store {
         Ok(Some((m, hidden)))
     }
 
+    /// [`Store::get_message`] with the message's channel (soft-deleted ones too), which the
+    /// read loads anyway. `None` also when the channel is gone.
+    pub async fn get_message_in_channel(&self, id: &str, viewer: &Viewer) -> Result<Option<(Message, bool, Channel)>> {
+        let mut conn = self.pool().acquire().await?;
+        let Some((mut m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
+        let Some(ch) = load_channel(&mut conn, &self.cache, &m.cid).await? else { return Ok(None) };
+        hydrate_messages(&mut conn, std::slice::from_mut(&mut m), viewer, ch.truncated_at).await?;
+        Ok(Some((m, hidden, ch)))
+    }
+
     /// Sends a message. Checks, in the transaction: the id is free (and not reserved by a fork
     /// still copying), the parent is a top-level message of the channel, the quote exists.
     pub async fn send_message(&self, cid: &str, new: &NewMessage, author: &User) -> Result<Message> {
         let (m, truncated_at) = self.retrying("send_message", || self.send_message_once(cid, new, author)).await?;
-        self.hydrated(m, truncated_at).await
+        self.hydrated_new(m, truncated_at).await
     }
 
+    /// The send's transaction. What the channel lock serialises is kept to one statement per
+    /// step: the channel's update locks and reads it (with its creator, fork summary and the
+    /// author in one more statement, its fork in another), the message row's insert also
+    /// checks that its id is free, one update counts it unread for every member it is unread
+    /// for, one read gives every recipient's totals, and the events go to the outbox with its
+    /// lock in one statement. The watcher count is read before the transaction: watches are
+    /// written under their users' locks, never the channel's (`presence.rs`), so reading it
+    /// under the channel lock made it no more exact.
     async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
+        let watchers = self.watcher_count(cid).await?;
         let mut tx = self.begin().await?;
-        let Some(ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        let now = time::now();
+        let created_at = new.created_at.unwrap_or(now);
+        let Some((ch, mut users)) = lock_for_new_message(&mut tx, cid, created_at, now, std::slice::from_ref(&author.id)).await? else {
+            return not_found(format!("channel {cid:?} does not exist"));
+        };
         if ch.deleted_at.is_some() {
             return not_found(format!("channel {cid:?} was deleted"));
         }
-        let author = ensure_user(&mut tx, author).await?;
-        let m = insert_new_message(&mut tx, &ch, new, &author).await?;
+        let author = match users.remove(&author.id) {
+            Some(stored) => stored,
+            None => ensure_user(&mut tx, author).await?,
+        };
+        let m = write_new_message(&mut tx, &ch, new, &author, now).await?;
         // Every member hears their counters with the message; members who do not watch the
         // channel hear it as `notification.message_new` (with the channel), as Stream sends it.
         let unread = crate::unread::counts_of_members(&mut tx.tx, cid).await?;
@@ -165,13 +193,28 @@ impl Store {
         note.kind = "notification.message_new".into();
         note.channel = Some(ch.clone());
         // Counted here, from the watches of every ws process, not by the process that delivers.
-        let watchers = crate::presence::watcher_count(&mut tx.tx, cid).await?;
         ev.extra.insert("watcher_count".into(), watchers.into());
         let members: Vec<String> = unread.keys().cloned().collect();
         tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(cid) }).await?;
         tx.event(note, Audience { users: members, except_watchers_of: Some(cid.to_string()), unread, ..Default::default() }).await?;
         tx.commit(self).await?;
         Ok((m, ch.truncated_at))
+    }
+
+    /// A message just sent, filled in as [`Store::hydrated`] does. A new message has no
+    /// reactions and no replies yet and its author is loaded already, so only a quote or
+    /// mentioned users need a read.
+    async fn hydrated_new(&self, mut m: Message, truncated_at: Option<i64>) -> Result<Message> {
+        if m.quoted_message_id.is_some() || !m.mentioned_users.is_empty() || m.user.is_none() {
+            return self.hydrated(m, truncated_at).await;
+        }
+        m.reaction_counts.clear();
+        m.reaction_scores.clear();
+        m.latest_reactions.clear();
+        m.own_reactions.clear();
+        m.mentioned_user_objects.clear();
+        m.thread_participants.clear();
+        Ok(m)
     }
 
     /// A message with its users, reactions and quote filled in, as a server-side reader sees it.
@@ -657,17 +700,16 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
 }
 
 /// Locks the channel of message `id` (then reads the message under that lock): the lock order
-/// for message writes is the channel row first (crate doc). `None` when the message does not
-/// exist or a rewind hid it.
+/// for message writes is the channel row first (crate doc). The channel is found through the
+/// message and locked in one statement (a message never changes channel), and comes without
+/// its creator, fork summary or type, which no message write reads. `None` when the message
+/// does not exist or a rewind hid it.
 pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
-    let cid: Option<String> = sqlx::query_scalar("SELECT cid FROM message WHERE id = $1")
-        .bind(id.to_string())
-        .fetch_optional(crate::counted(&mut *tx.tx))
-        .await?;
-    let Some(cid) = cid else { return Ok(None) };
-    let Some(ch) = lock_and_load(tx, &cid).await? else { return Ok(None) };
+    let Some(ch) = crate::channels::lock_channel_row(tx, "c.cid = (SELECT m.cid FROM message m WHERE m.id = $1)", id).await? else {
+        return Ok(None);
+    };
     match load_message(&mut tx.tx, id).await? {
-        Some((m, false)) if m.cid == cid => Ok(Some((ch, m))),
+        Some((m, false)) if m.cid == ch.cid => Ok(Some((ch, m))),
         _ => Ok(None),
     }
 }
@@ -700,6 +742,20 @@ pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
 }
 
 pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User) -> Result<Message> {
+    let now = time::now();
+    let m = write_new_message(tx, ch, new, author, now).await?;
+    sqlx::query(AssertSqlSafe(format!("UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3")))
+        .bind(m.created_at)
+        .bind(now)
+        .bind(ch.cid.clone())
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok(m)
+}
+
+/// Checks and writes a new message of `ch` (locked) with its unread counts and its parent's
+/// reply count; the caller records it on the channel row ([`BUMP_CHANNEL`]).
+async fn write_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User, now: i64) -> Result<Message> {
     let id = if new.id.is_empty() { ids::new_id() } else { new.id.clone() };
     if let Some(f) = &ch.fork {
         if f.status == ForkStatus::Backfilling && ids::is_v5_uuid(&id) {
@@ -707,9 +763,6 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
                 Error::new(ErrorKind::ForkMessageIdReserved, format!("message id {id:?} is a version 5 UUID, the form of the copy ids of fork {:?} which is still copying; use another id form or send it after channel.forked", ch.cid)),
             );
         }
-    }
-    if load_message(&mut tx.tx, &id).await?.is_some() {
-        return domain(Error::input(format!("a message with id {id:?} already exists")));
     }
     let mut kind = new.kind.clone();
     if let Some(pid) = &new.parent_id {
@@ -734,7 +787,6 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
             _ => return domain(Error::input(format!("quoted message {qid:?} does not exist in channel {:?}", ch.cid))),
         }
     }
-    let now = time::now();
     let created_at = new.created_at.unwrap_or(now);
     let m = Message {
         id,
@@ -764,7 +816,10 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
         updated_at: created_at.max(now),
         ..Default::default()
     };
-    insert_message_row(tx, &m).await?;
+    // The insert is the check that the id is free: no read of the id first.
+    if !insert_message_rows_with(tx, std::slice::from_ref(&m), " ON CONFLICT (id) DO NOTHING").await? {
+        return domain(Error::input(format!("a message with id {:?} already exists", m.id)));
+    }
     crate::unread::count_new_message(tx, &m, ch.truncated_at).await?;
     if let Some(pid) = &m.parent_id {
         sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1")
@@ -772,24 +827,17 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
             .execute(crate::counted(&mut *tx.tx))
             .await?;
     }
-    sqlx::query("UPDATE channel SET last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $1 THEN $1 ELSE last_message_at END, message_count = message_count + 1, updated_at = $2 WHERE cid = $3")
-        .bind(m.created_at)
-        .bind(now)
-        .bind(ch.cid.clone())
-        .execute(crate::counted(&mut *tx.tx))
-        .await?;
     Ok(m)
-}
-
-pub(crate) async fn insert_message_row(tx: &mut Tx, m: &Message) -> Result<()> {
-    insert_message_rows(tx, std::slice::from_ref(m)).await
 }
 
 const MESSAGE_INSERT_COLS: &str = "id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, pinned_at, pinned_by_id, pin_expires, reply_count, deleted_reply_count, created_at, updated_at, deleted_at, message_text_updated_at, source_cid, source_message_id";
 const MESSAGE_INSERT_N: usize = 30;
 
-/// Inserts messages with multi-row statements (100 rows each): one round trip per 100 rows.
-pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result<()> {
+/// Inserts messages with multi-row statements (100 rows each): one round trip per 100 rows,
+/// with `conflict` (an `ON CONFLICT` clause, or nothing) after each statement's `VALUES`. True
+/// when every row was written.
+async fn insert_message_rows_with(tx: &mut Tx, msgs: &[Message], conflict: &str) -> Result<bool> {
+    let mut written = 0;
     for chunk in msgs.chunks(100) {
         // SQLite resolves each `$n` name by a linear search at prepare time (quadratic in the
         // number of parameters); plain `?` numbers itself in order. PostgreSQL needs `$n`.
@@ -798,7 +846,7 @@ pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result
             crate::Backend::Postgres => format!("({})", placeholders(i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N)),
         };
         let rows: Vec<String> = (0..chunk.len()).map(row).collect();
-        let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}", rows.join(", "));
+        let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}{conflict}", rows.join(", "));
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for m in chunk {
             q = q
@@ -833,9 +881,13 @@ pub(crate) async fn insert_message_rows(tx: &mut Tx, msgs: &[Message]) -> Result
                 .bind(m.source_cid.clone())
                 .bind(m.source_message_id.clone());
         }
-        q.execute(crate::counted(&mut *tx.tx)).await?;
+        written += q.execute(crate::counted(&mut *tx.tx)).await?.rows_affected();
     }
-    insert_restricted(tx.backend, &mut tx.tx, msgs).await
+    if written < msgs.len() as u64 {
+        return Ok(false);
+    }
+    insert_restricted(tx.backend, &mut tx.tx, msgs).await?;
+    Ok(true)
 }
 
 /// The (message, user) rows of restricted visibility, the exact form every read matches on.
