@@ -130,12 +130,11 @@ pub(crate) async fn counts_of(conn: &mut AnyConnection, user_id: &str) -> Result
 /// The counters of every member of `cid`, each over all their channels: what the events of a
 /// new message carry to each recipient.
 pub(crate) async fn counts_of_members(conn: &mut AnyConnection, cid: &str) -> Result<BTreeMap<String, UnreadCounts>> {
-    let rows: Vec<Totals> = sqlx::query_as(AssertSqlSafe(format!(
-        "{TOTALS} mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id"
-    )))
-    .bind(cid.to_string())
-    .fetch_all(counted(&mut *conn))
-    .await?;
+    let rows: Vec<Totals> =
+        sqlx::query_as(AssertSqlSafe(format!("{TOTALS} mb.user_id IN (SELECT user_id FROM member WHERE cid = $1) GROUP BY mb.user_id")))
+            .bind(cid.to_string())
+            .fetch_all(counted(&mut *conn))
+            .await?;
     Ok(rows.into_iter().map(Totals::pair).collect())
 }
 
