@@ -202,18 +202,12 @@ impl Store {
     }
 
     /// A message just sent, filled in as [`Store::hydrated`] does. A new message has no
-    /// reactions and no replies yet and its author is loaded already, so only a quote or
-    /// mentioned users need a read.
-    async fn hydrated_new(&self, mut m: Message, truncated_at: Option<i64>) -> Result<Message> {
+    /// reactions and no replies yet (its reaction and participant fields are empty as built)
+    /// and its author is loaded already, so only a quote or mentioned users need a read.
+    async fn hydrated_new(&self, m: Message, truncated_at: Option<i64>) -> Result<Message> {
         if m.quoted_message_id.is_some() || !m.mentioned_users.is_empty() || m.user.is_none() {
             return self.hydrated(m, truncated_at).await;
         }
-        m.reaction_counts.clear();
-        m.reaction_scores.clear();
-        m.latest_reactions.clear();
-        m.own_reactions.clear();
-        m.mentioned_user_objects.clear();
-        m.thread_participants.clear();
         Ok(m)
     }
 

@@ -568,6 +568,72 @@ async fn racing_sends_of_one_message_id_store_one_message() {
     .await;
 }
 
+/// The same id sent at once into two channels: the channel locks do not serialise the two
+/// sends, so only the message insert (`ON CONFLICT (id) DO NOTHING`, which waits for the other
+/// transaction's row on PostgreSQL) decides. One wins; the loser gets a client error and its
+/// channel keeps no trace of it (its counter bump rolls back with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_sends_of_one_message_id_into_two_channels_store_one_message() {
+    with_store(|ctx| async move {
+        let s = ctx.store.clone();
+        let chans = [agent_channel(&s, "race-a", &[]).await.cid, agent_channel(&s, "race-b", &[]).await.cid];
+        let rounds = 8;
+        for round in 0..rounds {
+            let id = format!("twin{round}");
+            let results = race(&ctx.url, 2, |store, i| {
+                let (cid, id) = (chans[i].clone(), id.clone());
+                async move { store.send_message(&cid, &msg(&id, &format!("contender {i}")), &user("amy")).await }
+            })
+            .await;
+            assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1, "round {round}: one send wins: {results:?}");
+            for r in results {
+                if let Err(e) = r {
+                    assert_eq!(offshoot_core::Error::from(e).kind, ErrorKind::Input, "round {round}: the loser gets a client error");
+                }
+            }
+        }
+        let mut total = 0;
+        for cid in &chans {
+            let seen = ids_seen_by(&s, cid, &Viewer::Server).await.len();
+            let counted = s.get_channel(cid).await.expect("get").expect("exists").message_count;
+            assert_eq!(counted, seen as i64, "{cid}: message_count counts only the sends that won");
+            total += seen;
+        }
+        assert_eq!(total, rounds, "one message per id across both channels");
+    })
+    .await;
+}
+
+/// Partial updates of one message from two stores at once: each locks the channel through the
+/// message in one statement and reads the message under that lock, so neither overwrites the
+/// other's change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_partial_updates_of_one_message_lose_no_update() {
+    with_store(|ctx| async move {
+        let s = ctx.store.clone();
+        let ch = agent_channel(&s, "race-upd", &["amy"]).await;
+        s.send_message(&ch.cid, &msg("upd", "v"), &user("amy")).await.expect("send");
+        let rounds = 6;
+        for _ in 0..rounds {
+            let results = race(&ctx.url, 2, |store, i| async move {
+                store
+                    .update_message("upd", &user("amy"), |m| {
+                        m.text.push_str(&i.to_string());
+                        Ok(())
+                    })
+                    .await
+            })
+            .await;
+            assert!(results.iter().all(|r| r.is_ok()), "both updates apply: {results:?}");
+        }
+        let text = stored(&s, "upd").await.text;
+        assert_eq!(text.len(), 1 + 2 * rounds, "every update kept: {text:?}");
+        assert_eq!(text.matches('0').count(), rounds, "{text:?}");
+        assert_eq!(text.matches('1').count(), rounds, "{text:?}");
+    })
+    .await;
+}
+
 /// Statements one send of a plain message sends in `cid`.
 async fn send_statements(s: &offshoot_store::Store, cid: &str, id: &str) -> u64 {
     let (sent, statements) = offshoot_store::count_statements(s.send_message(cid, &msg(id, "hello"), &user("amy"))).await;
