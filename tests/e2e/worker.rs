@@ -151,7 +151,16 @@ async fn a_backfill_whose_job_the_queue_holds_but_no_worker_runs_is_queued_again
     assert_eq!(done["status"], json!("completed"), "{done}");
     assert_eq!(done["copied_message_count"], json!(250), "{done}");
     assert_eq!(app.all_messages("agent:held-fork").await.len(), 250, "every message copied once");
-    let counts = app.get("/jobs", &app.server()).await.ok();
+    // The worker's own job counts as running until apalis has recorded its end, which it does
+    // after the fork's last page has committed: wait for that, boundedly.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let counts = loop {
+        let counts = app.get("/jobs", &app.server()).await.ok();
+        if queue(&counts, "offshoot.backfill")["running"] == json!(1) || Instant::now() >= deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(
         queue(&counts, "offshoot.backfill")["running"],
         json!(1),
