@@ -13,13 +13,16 @@ impl Tx {
     }
 }
 
-/// Writes a committing transaction's events. On PostgreSQL it first takes the outbox lock and
-/// holds it until commit, so `seq` order is commit order and a consumer's cursor never skips
-/// an event committed late; it is the last lock of every transaction (crate doc, lock order).
-/// Every PostgreSQL writer passes through that lock, so the work done under it is kept small:
-/// the events are serialised before it is taken and written in the statement that takes it
-/// (their `seq` follows their order in the statement's `VALUES`, which is the order they were
-/// queued in), so the lock is held for that statement and the commit only.
+/// Writes a committing transaction's events. On PostgreSQL each writer takes the outbox lock
+/// in *shared* mode with its first event and holds it until commit; writers do not wait for
+/// each other, so their commits (and the disk flushes behind them) overlap. Their `seq` order is
+/// then not commit order, and a consumer must not move its cursor past a `seq` whose
+/// transaction may still commit: [`Store::events_after`] first takes the lock *exclusively*
+/// for a moment ([`outbox_horizon`]), which waits out every writer that holds a drawn `seq`,
+/// and reads only up to the sequence's value at that moment. The lock is the last one every
+/// transaction takes (crate doc, lock order). The events are serialised before it is taken and
+/// written in the statement that takes it (their `seq` follows their order in the statement's
+/// `VALUES`, which is the order they were queued in).
 pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<(Event, Audience)>) -> Result<()> {
     if events.is_empty() {
         return Ok(());
@@ -44,10 +47,9 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
             .collect();
         let sql = match backend {
             // The lock is taken by the statement's first row: every row, and so every `seq`
-            // drawn for one, comes after it. NOTIFY is transactional (other processes hear it
-            // when this commits) and rides along.
+            // drawn for one, comes after it. No NOTIFY here: see [`announce`].
             Backend::Postgres if i == 0 => format!(
-                "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock(7261001), pg_notify('offshoot_events', '')) \
+                "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({OUTBOX_LOCK})) \
                  INSERT INTO event (type, cid, payload, audience, created_at) \
                  SELECT v.* FROM outbox_lock, (VALUES {}) AS v (type, cid, payload, audience, created_at)",
                 values.join(", ")
@@ -61,6 +63,56 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
         q.execute(crate::counted(&mut **tx)).await?;
     }
     Ok(())
+}
+
+/// Tells other processes on PostgreSQL that events were committed: one `NOTIFY
+/// offshoot_events` after commits that wrote events, sent by this task *after* they committed,
+/// and coalesced (commits during a `NOTIFY` in flight share the next one). A `NOTIFY` inside
+/// a transaction would make its commit take PostgreSQL's database-wide notification lock and
+/// hold it through the commit's disk flush, so every writer would commit one at a time. The
+/// announcement needs no durability (consumers also poll), so its own commit does not wait for
+/// the flush. Ends when the pool is closed.
+pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio::sync::Notify>) {
+    loop {
+        pending.notified().await;
+        if pool.is_closed() {
+            return;
+        }
+        let sent = sqlx::raw_sql("BEGIN; SET LOCAL synchronous_commit TO OFF; SELECT pg_notify('offshoot_events', ''); COMMIT")
+            .execute(crate::counted(&pool))
+            .await;
+        if let Err(e) = sent {
+            if pool.is_closed() {
+                return;
+            }
+            // Consumers poll meanwhile; try again on the next commit, or after a pause.
+            tracing::warn!(error = %e, "announcing committed events failed");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            pending.notify_one();
+        }
+    }
+}
+
+/// The advisory lock key of the outbox (writers shared, the horizon exclusive).
+const OUTBOX_LOCK: i64 = 7_261_001;
+
+/// The highest `seq` below which no transaction can still commit an event, on PostgreSQL:
+/// taking the outbox lock exclusively waits for every writer that holds a drawn `seq` (they
+/// hold the lock shared from before drawing it until their commit is visible), and the
+/// sequence's value read under it bounds every `seq` drawn so far. A later writer draws a
+/// higher one. The rows must be read by a *later* statement, whose snapshot sees those commits.
+/// `None` on SQLite, whose single writer commits in `seq` order.
+async fn outbox_horizon(store: &Store) -> Result<Option<i64>> {
+    if store.backend() != Backend::Postgres {
+        return Ok(None);
+    }
+    let horizon: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH barrier AS MATERIALIZED (SELECT pg_advisory_xact_lock({OUTBOX_LOCK})::text AS taken) \
+         SELECT COALESCE(pg_sequence_last_value('event_seq_seq'::regclass), 0) FROM barrier WHERE taken IS NOT NULL"
+    )))
+    .fetch_one(crate::counted(store.pool()))
+    .await?;
+    Ok(Some(horizon))
 }
 
 /// An outbox row. Its JSON is decoded leniently (see [`OutboxRow::decode`]), so it is read as text.
@@ -88,18 +140,25 @@ impl OutboxRow {
 }
 
 impl Store {
-    /// Events with `seq > after`, oldest first.
+    /// Events with `seq > after`, oldest first, up to the outbox horizon on PostgreSQL: a
+    /// consumer that moves its cursor to the last one never passes over an event that commits
+    /// later (see [`append`]).
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<OutboxEvent>> {
-        let rows: Vec<OutboxRow> = sqlx::query_as("SELECT seq, payload, audience FROM event WHERE seq > $1 ORDER BY seq LIMIT $2")
-            .bind(after)
-            .bind(limit)
-            .fetch_all(crate::counted(self.pool()))
-            .await?;
+        let horizon = outbox_horizon(self).await?.unwrap_or(i64::MAX);
+        let rows: Vec<OutboxRow> =
+            sqlx::query_as("SELECT seq, payload, audience FROM event WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3")
+                .bind(after)
+                .bind(horizon)
+                .bind(limit)
+                .fetch_all(crate::counted(self.pool()))
+                .await?;
         Ok(rows.into_iter().map(OutboxRow::decode).collect())
     }
 
-    /// The newest `seq` in the outbox (0 when empty).
+    /// The newest `seq` in the outbox (0 when empty). On PostgreSQL no event with a lower
+    /// `seq` commits after this returns, so it is a safe place for a new cursor to start.
     pub async fn last_event_seq(&self) -> Result<i64> {
+        outbox_horizon(self).await?;
         Ok(sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM event").fetch_one(crate::counted(self.pool())).await?)
     }
 
@@ -112,6 +171,8 @@ impl Store {
         if let Some(seq) = seq {
             return Ok(seq);
         }
+        // A new cursor starts at the end: first wait out the writers still committing below it.
+        outbox_horizon(self).await?;
         let mut tx = self.begin().await?;
         let now = time::now();
         sqlx::query("INSERT INTO outbox_cursor (name, seq, created_at, updated_at) SELECT $1, COALESCE(MAX(seq), 0), $2, $2 FROM event WHERE true ON CONFLICT (name) DO NOTHING")

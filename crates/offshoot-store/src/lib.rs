@@ -49,7 +49,9 @@
 //!    and channel type rows are, like them, locked alone); a user's WebSocket connection and
 //!    watch rows are written only under that user's row lock (`presence.rs`);
 //! 6. the outbox: events are collected in the transaction and written at commit under a
-//!    transaction-scoped advisory lock, so the outbox lock is always the last one.
+//!    transaction-scoped advisory lock held *shared* (writers do not wait for each other), so
+//!    the outbox lock is always the last one. Readers take it exclusively for a moment, alone,
+//!    to wait out writers still committing (`events.rs`).
 //!
 //! **Retry rule.** A transaction that still loses to a concurrent writer (SQLSTATE 40P01
 //! deadlock, 40001 serialization failure) is rolled back and run again from the start by
@@ -244,6 +246,9 @@ pub struct Store {
     write_lock: Option<Arc<writer::WriteLock>>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
+    /// PostgreSQL: tells this process's announcer (`events::announce`) that events were
+    /// committed, so that it sends other processes a `NOTIFY` outside the writers' transactions.
+    announce: Arc<Notify>,
     url: Arc<str>,
     /// App settings and channel types (`cache.rs`).
     cache: Arc<cache::ConfigCache>,
@@ -279,6 +284,7 @@ impl Tx {
         tx.commit().await?;
         if wrote {
             store.events.notify_waiters();
+            store.announce.notify_one();
         }
         Ok(())
     }
@@ -342,11 +348,16 @@ impl Store {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+        let announce = Arc::new(Notify::new());
+        if backend == Backend::Postgres {
+            tokio::spawn(events::announce(pool.clone(), announce.clone()));
+        }
         Ok(Store {
             pool,
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default())),
             events: Arc::new(Notify::new()),
+            announce,
             url: url.into(),
             cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
         })
@@ -358,6 +369,8 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+        // The announcer sees the closed pool and ends.
+        self.announce.notify_one();
     }
 
     /// Resolves when an outbox event was committed by this process (or a timeout elapses

@@ -265,11 +265,12 @@ async fn pruning_deletes_only_old_events_every_cursor_passed() {
 
 /// On PostgreSQL an event's `seq` is drawn when its row is inserted, not when its transaction
 /// commits. Were two writers free to commit in any order, a consumer could read a later `seq`,
-/// move its cursor past it, and never see the earlier one that commits afterwards. The store
-/// serialises outbox writers until commit (an advisory lock) so that `seq` order is commit
-/// order. Here one writer is held inside its transaction after its event is numbered (a trigger
-/// waits on an advisory lock the test holds), a second writer on another pool publishes, and a
-/// consumer reading meanwhile must not see the second event without the first.
+/// move its cursor past it, and never see the earlier one that commits afterwards. Writers hold
+/// the outbox lock shared until they commit, and a reader first takes it exclusively, so it
+/// waits for every numbered event's transaction to end. Here one writer is held inside its
+/// transaction after its event is numbered (a trigger waits on an advisory lock the test
+/// holds), a second writer on another pool publishes and commits (writers do not wait for each
+/// other), and a consumer reading meanwhile must not see the second event without the first.
 ///
 /// SQLite has a single writer: numbering order is commit order by construction, so there is
 /// nothing to race there and the test only runs on PostgreSQL.
@@ -321,25 +322,30 @@ async fn a_consumer_never_reads_past_an_event_that_commits_later_on_postgres() {
             let free = free.clone();
             async move { free.publish(custom_event("test.free", 2), watchers_and_hooks("agent:x")).await }
         });
-        // The second writer either committed (nothing kept it out) or waits for a lock.
-        while !second.is_finished() && waiting(&mut admin, false).await == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "the second writer neither finished nor waited");
+        // The second writer is not held up by the first.
+        let second = tokio::time::timeout(Duration::from_secs(10), second).await.expect("the second writer waited for the first");
+        second.expect("join").expect("the second publish");
+
+        // A consumer reads now (it may wait for the first writer) and moves its cursor past
+        // what it read.
+        let early = tokio::spawn({
+            let reader = reader.clone();
+            async move { events_since(&reader, start).await }
+        });
+        while !early.is_finished() && waiting(&mut admin, false).await == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the reader neither finished nor waited");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-
-        // A consumer reads now and moves its cursor past what it read.
-        let read_early = events_since(&reader, start).await;
-        let cursor = read_early.last().map(|e| e.seq).unwrap_or(start);
-
         sqlx::query("SELECT pg_advisory_unlock($1)").bind(GATE).execute(&mut gate).await.expect("open the gate");
+        let read_early = early.await.expect("join");
+        let cursor = read_early.last().map(|e| e.seq).unwrap_or(start);
         first.await.expect("join").expect("the first publish");
-        second.await.expect("join").expect("the second publish");
 
         let all = events_since(&reader, start).await;
         assert_eq!(kinds(&all), strings(&["test.held", "test.free"]), "both events, in the order they were numbered");
         assert!(
-            read_early.iter().all(|e| e.event.kind != "test.free"),
-            "the later event was visible while the earlier one was uncommitted: {:?}",
+            read_early.iter().all(|e| e.event.kind != "test.free") || kinds(&read_early) == kinds(&all),
+            "the later event was read without the earlier one: {:?}",
             kinds(&read_early)
         );
         let read_late = events_since(&reader, cursor).await;
@@ -348,6 +354,64 @@ async fn a_consumer_never_reads_past_an_event_that_commits_later_on_postgres() {
         assert_eq!(consumed, kinds(&all), "a consumer following its cursor reads every event once, in order");
         held.close().await;
         free.close().await;
+    })
+    .await;
+}
+
+/// Many writers on several pools commit events in whatever order their commits finish, while a
+/// consumer follows its cursor the whole time: it reads every event exactly once, in `seq`
+/// order. On SQLite the writers queue for the one write lock; on PostgreSQL they run at once,
+/// and the reader's wait for writers still committing is what keeps it from skipping one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_following_racing_writers_reads_every_event_once_in_order() {
+    const WRITERS: i64 = 6;
+    const EACH: i64 = 40;
+    with_store(|ctx| async move {
+        let start = ctx.store.last_event_seq().await.expect("last seq");
+        let mut stores = Vec::new();
+        for _ in 0..3 {
+            stores.push(Store::connect(&ctx.url).await.expect("connect"));
+        }
+        let mut writers = tokio::task::JoinSet::new();
+        for w in 0..WRITERS {
+            let s = stores[w as usize % stores.len()].clone();
+            writers.spawn(async move {
+                for i in 0..EACH {
+                    s.publish(custom_event("custom.race", w * 1_000 + i), watchers_and_hooks("agent:x")).await.expect("publish");
+                }
+            });
+        }
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = tokio::spawn({
+            let (store, done) = (ctx.store.clone(), done.clone());
+            async move {
+                let (mut cursor, mut read) = (start, Vec::new());
+                loop {
+                    let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+                    let page = store.events_after(cursor, 7).await.expect("events_after");
+                    if let Some(last) = page.last() {
+                        cursor = last.seq;
+                    }
+                    let empty = page.is_empty();
+                    read.extend(page);
+                    if finished && empty {
+                        return read;
+                    }
+                }
+            }
+        });
+        while let Some(joined) = writers.join_next().await {
+            joined.expect("writer");
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let read = reader.await.expect("reader");
+        let all = events_since(&ctx.store, start).await;
+        assert_eq!(all.len() as i64, WRITERS * EACH, "every publish wrote one event");
+        let seqs = |v: &[offshoot_core::model::OutboxEvent]| v.iter().map(|e| e.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(&read), seqs(&all), "the following consumer read every event once, in seq order");
+        for s in stores {
+            s.close().await;
+        }
     })
     .await;
 }
