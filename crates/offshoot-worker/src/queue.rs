@@ -129,25 +129,34 @@ impl Wake {
         let _ = self.0.send(queue);
     }
 
-    /// Yields each time a job is pushed to `queue` (and after missed wake-ups), then once more
-    /// [`WAKE_ECHO`] later; never ends. The echo is needed because apalis's poll gate only
-    /// wakes the fetch loop: a wake-up that arrives while a fetch is already in flight (one that
-    /// started before the job was committed) is taken by that fetch, which finds nothing, and
-    /// would be lost. The echo starts a fetch that surely began after the commit.
+    /// Yields each time a job is pushed to `queue` (and after missed wake-ups), and once more
+    /// [`WAKE_ECHO`] after the last such wake-up; never ends. The echo is needed because
+    /// apalis's poll gate only wakes the fetch loop: a wake-up that arrives while a fetch is
+    /// already in flight (one that started before the job was committed) is taken by that
+    /// fetch, which finds nothing, and would be lost. The echo starts a fetch that surely began
+    /// after the commit. A push during the echo's wait wakes at once (forks back to back must
+    /// not wait for the previous one's echo).
     pub fn stream(&self, queue: &'static str) -> Pin<Box<dyn Stream<Item = ()> + Send + Sync>> {
-        Box::pin(futures_util::stream::unfold((self.0.subscribe(), false), move |(mut rx, echo)| async move {
-            if echo {
-                tokio::time::sleep(WAKE_ECHO).await;
-                return Some(((), (rx, false)));
-            }
+        let echo_at: Option<tokio::time::Instant> = None;
+        Box::pin(futures_util::stream::unfold((self.0.subscribe(), echo_at), move |(mut rx, echo_at)| async move {
             loop {
-                match rx.recv().await {
-                    Ok(pushed) if pushed == queue => return Some(((), (rx, true))),
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => return Some(((), (rx, true))),
-                    // The pools are gone: the worker is stopping; never wake again.
-                    Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+                let echo = async {
+                    match echo_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    received = rx.recv() => match received {
+                        Ok(pushed) if pushed == queue => {}
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        // The pools are gone: the worker is stopping; never wake again.
+                        Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+                    },
+                    _ = echo => return Some(((), (rx, None))),
                 }
+                return Some(((), (rx, Some(tokio::time::Instant::now() + WAKE_ECHO))));
             }
         }))
     }
@@ -316,4 +325,34 @@ fn is_duplicate(e: &(dyn std::error::Error + Send + Sync)) -> bool {
 /// same delivery twice collides on apalis's unique job id.
 pub fn ulid_of(id: uuid::Uuid) -> Ulid {
     Ulid::from(id.as_u128())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use tokio::time::Instant;
+
+    /// On a paused clock: a push wakes at once, also while the previous push's echo is still
+    /// waiting, and the echo comes `WAKE_ECHO` after the last push; other queues' pushes do not
+    /// wake.
+    #[tokio::test(start_paused = true)]
+    async fn a_push_wakes_at_once_even_during_the_previous_echo() {
+        let wake = Wake::new();
+        let mut stream = wake.stream(BACKFILL_QUEUE);
+        let t0 = Instant::now();
+        wake.pushed(BACKFILL_QUEUE);
+        stream.next().await.expect("a wake-up");
+        assert_eq!(t0.elapsed(), Duration::ZERO, "the first push wakes at once");
+
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        wake.pushed(WEBHOOK_QUEUE);
+        wake.pushed(BACKFILL_QUEUE);
+        let t1 = Instant::now();
+        stream.next().await.expect("a wake-up");
+        assert_eq!(t1.elapsed(), Duration::ZERO, "a push during the echo's wait wakes at once, not at the echo");
+
+        stream.next().await.expect("the echo");
+        assert_eq!(t1.elapsed(), WAKE_ECHO, "the echo follows the last push");
+    }
 }
