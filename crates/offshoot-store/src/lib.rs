@@ -244,6 +244,9 @@ pub struct Store {
     /// spinning on `SQLITE_BUSY`, requests ahead of backfill pages (`writer.rs`). Other
     /// processes on the same file still meet busy_timeout.
     write_lock: Option<Arc<writer::WriteLock>>,
+    /// SQLite: the one connection this process's write transactions run on (see
+    /// [`Store::begin_with`]); `None` on PostgreSQL.
+    writer: Option<AnyPool>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
     /// PostgreSQL: tells this process's announcer (`events::announce`) that events were
@@ -288,6 +291,16 @@ impl Tx {
         }
         Ok(())
     }
+}
+
+/// How long a SQLite write transaction waits for the database's write lock held by another
+/// connection (apalis's pool, another process) before the request gets a 503; the read pool's
+/// busy timeout is the same.
+const SQLITE_BUSY_WAIT: Duration = Duration::from_secs(15);
+
+/// `SQLITE_BUSY` (the database file is locked by another connection).
+fn is_sqlite_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("5"))
 }
 
 /// How often a transaction that lost to a concurrent writer (deadlock, serialization failure)
@@ -348,6 +361,25 @@ impl Store {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+        let writer = match backend {
+            Backend::Sqlite => Some(
+                AnyPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(30))
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute("PRAGMA journal_mode = WAL").await?;
+                            // No busy handler: `begin_with` waits for the lock itself.
+                            conn.execute("PRAGMA busy_timeout = 0").await?;
+                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(url)
+                    .await?,
+            ),
+            Backend::Postgres => None,
+        };
         let announce = Arc::new(Notify::new());
         if backend == Backend::Postgres {
             tokio::spawn(events::announce(pool.clone(), announce.clone()));
@@ -356,6 +388,7 @@ impl Store {
             pool,
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default())),
+            writer,
             events: Arc::new(Notify::new()),
             announce,
             url: url.into(),
@@ -368,6 +401,9 @@ impl Store {
     }
 
     pub async fn close(&self) {
+        if let Some(writer) = &self.writer {
+            writer.close().await;
+        }
         self.pool.close().await;
         // The announcer sees the closed pool and ends.
         self.announce.notify_one();
@@ -443,10 +479,28 @@ impl Store {
         self.begin_with(guard).await
     }
 
+    /// On SQLite the transaction runs on the store's one writer connection, which has no busy
+    /// handler: this process's writers already queue on the write lock, so `BEGIN IMMEDIATE`
+    /// meets only the short writes of apalis's own pool (job rows) or of another process, and
+    /// is tried again every millisecond for up to [`SQLITE_BUSY_WAIT`]. SQLite's own busy handler
+    /// sleeps 1, 2, 5, 10, … ms between tries, so a request that met a job-row write of a
+    /// millisecond slept for up to 8 ms while holding the write lock (BENCHMARKS.md, issue 6).
     async fn begin_with(&self, guard: Option<OwnedMutexGuard<()>>) -> Result<Tx> {
-        let tx = match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::Postgres => self.pool.begin().await?,
+        let tx = match (self.backend, &self.writer) {
+            (Backend::Sqlite, Some(writer)) => {
+                let deadline = tokio::time::Instant::now() + SQLITE_BUSY_WAIT;
+                loop {
+                    match writer.begin_with("BEGIN IMMEDIATE").await {
+                        Ok(tx) => break tx,
+                        Err(e) if is_sqlite_busy(&e) && tokio::time::Instant::now() < deadline => {
+                            tokio::time::sleep(Duration::from_millis(1)).await
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            (Backend::Sqlite, None) => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            (Backend::Postgres, _) => self.pool.begin().await?,
         };
         Ok(Tx { tx, backend: self.backend, events: Vec::new(), cache: self.cache.clone(), _guard: guard })
     }

@@ -298,3 +298,28 @@ async fn cached_settings_and_channel_types_follow_changes_made_here_and_in_anoth
     })
     .await;
 }
+
+/// SQLite: a write that finds the database file locked by another connection (apalis's job
+/// rows, another process) waits for it and then succeeds, instead of failing: the store's
+/// writer connection has no busy handler and tries `BEGIN IMMEDIATE` again itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_for_another_connection_holding_the_sqlite_write_lock() {
+    use sqlx::{Connection, Executor, SqliteConnection};
+    with_store(|ctx| async move {
+        if ctx.store.backend() != offshoot_store::Backend::Sqlite {
+            return;
+        }
+        let mut other = SqliteConnection::connect(&ctx.url).await.expect("connect");
+        other.execute("BEGIN IMMEDIATE").await.expect("take the write lock");
+        let write = tokio::spawn({
+            let store = ctx.store.clone();
+            async move { store.upsert_users(&[user_input("while-locked")]).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        assert!(!write.is_finished(), "the write did not wait for the lock: {:?}", write.await);
+        other.execute("COMMIT").await.expect("release the write lock");
+        write.await.expect("join").expect("the write succeeds once the lock is free");
+        assert!(ctx.store.get_user("while-locked").await.expect("read").is_some());
+    })
+    .await;
+}
