@@ -26,8 +26,9 @@
 //!
 //! # Concurrent writers
 //!
-//! SQLite serialises write transactions (one process-wide lock plus `BEGIN IMMEDIATE`; requests
-//! take the lock before backfill pages, `writer.rs`);
+//! SQLite serialises write transactions (one process-wide lock plus `BEGIN IMMEDIATE` on one
+//! writer connection that retries itself instead of sleeping in SQLite's busy handler;
+//! requests take the lock before backfill pages, `writer.rs`);
 //! PostgreSQL runs them concurrently at READ COMMITTED, so every read-modify-write here either
 //! is one statement (`INSERT … ON CONFLICT DO UPDATE`, `UPDATE … SET n = n + 1`) or reads under
 //! a row lock (`SELECT … FOR UPDATE`, `Tx::for_update`) what it writes back. Each public

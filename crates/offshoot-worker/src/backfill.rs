@@ -73,6 +73,10 @@ impl Default for BackfillPolicy {
 
 /// The apalis handler of [`BACKFILL_QUEUE`].
 pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
+    crate::on_own_task(run(job, Arc::clone(&shared))).await
+}
+
+async fn run(job: BackfillJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
     let policy = &shared.backfill;
     let cid = job.fork_cid.as_str();
     let mut size = policy.page_size;

@@ -279,6 +279,10 @@ fn classify_status(status: reqwest::StatusCode) -> Outcome {
 
 /// The apalis handler of the webhook queue: one attempt.
 pub async fn run_job(job: DeliveryJob, shared: Data<Arc<Shared>>) -> Result<(), BoxDynError> {
+    crate::on_own_task(run(job, Arc::clone(&shared))).await
+}
+
+async fn run(job: DeliveryJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
     let policy = &shared.webhooks;
     let deadline = job.window_start + policy.retry_window.as_nanos() as i64;
     if let Admit::Wait(wait) = shared.circuits.admit(&job.url, policy) {
