@@ -78,9 +78,15 @@ pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio:
         if pool.is_closed() {
             return;
         }
-        let sent = sqlx::raw_sql("BEGIN; SET LOCAL synchronous_commit TO OFF; SELECT pg_notify('offshoot_events', ''); COMMIT")
-            .execute(crate::counted(&pool))
-            .await;
+        // A transaction object, so a failure rolls back instead of returning the connection to
+        // the pool inside an open transaction.
+        let sent = async {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
+            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
+            tx.commit().await
+        }
+        .await;
         if let Err(e) = sent {
             if pool.is_closed() {
                 return;

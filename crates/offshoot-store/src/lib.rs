@@ -246,7 +246,7 @@ pub struct Store {
     /// processes on the same file still meet busy_timeout.
     write_lock: Option<Arc<writer::WriteLock>>,
     /// SQLite: the one connection this process's write transactions run on (see
-    /// [`Store::begin_with`]); `None` on PostgreSQL.
+    /// [`Store::begin_with`]); `None` on PostgreSQL, whose writers use `pool`.
     writer: Option<AnyPool>,
     /// Woken after every commit that wrote outbox events.
     events: Arc<Notify>,
@@ -299,6 +299,27 @@ impl Tx {
 /// busy timeout is the same.
 const SQLITE_BUSY_WAIT: Duration = Duration::from_secs(15);
 
+/// A pool on the SQLite file at `url`: WAL, `synchronous = NORMAL` (no flush per commit), and
+/// SQLite's busy handler waiting up to `busy` for another connection's lock.
+async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyPool> {
+    let pragmas: Arc<str> =
+        format!("PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {}; PRAGMA synchronous = NORMAL", busy.as_millis()).into();
+    Ok(AnyPoolOptions::new()
+        .max_connections(connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .after_connect(move |conn, _| {
+            let pragmas = pragmas.clone();
+            Box::pin(async move {
+                for pragma in pragmas.split("; ") {
+                    conn.execute(sqlx::AssertSqlSafe(pragma.to_string())).await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await?)
+}
+
 /// `SQLITE_BUSY` (the database file is locked by another connection).
 fn is_sqlite_busy(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("5"))
@@ -314,21 +335,7 @@ impl Store {
         sqlx::any::install_default_drivers();
         let backend = Backend::from_url(url)?;
         let pool = match backend {
-            Backend::Sqlite => {
-                AnyPoolOptions::new()
-                    .max_connections(4)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            conn.execute("PRAGMA journal_mode = WAL").await?;
-                            conn.execute("PRAGMA busy_timeout = 15000").await?;
-                            conn.execute("PRAGMA synchronous = NORMAL").await?;
-                            Ok(())
-                        })
-                    })
-                    .connect(url)
-                    .await?
-            }
+            Backend::Sqlite => sqlite_pool(url, 4, SQLITE_BUSY_WAIT).await?,
             Backend::Postgres => {
                 AnyPoolOptions::new()
                     .max_connections(16)
@@ -362,23 +369,9 @@ impl Store {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&pool).await.map_err(|e| StoreError::Db(e.into()))?;
+        // SQLite's one writer connection has no busy handler: `begin_with` waits for the lock.
         let writer = match backend {
-            Backend::Sqlite => Some(
-                AnyPoolOptions::new()
-                    .max_connections(1)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            conn.execute("PRAGMA journal_mode = WAL").await?;
-                            // No busy handler: `begin_with` waits for the lock itself.
-                            conn.execute("PRAGMA busy_timeout = 0").await?;
-                            conn.execute("PRAGMA synchronous = NORMAL").await?;
-                            Ok(())
-                        })
-                    })
-                    .connect(url)
-                    .await?,
-            ),
+            Backend::Sqlite => Some(sqlite_pool(url, 1, Duration::ZERO).await?),
             Backend::Postgres => None,
         };
         let announce = Arc::new(Notify::new());
@@ -487,8 +480,8 @@ impl Store {
     /// sleeps 1, 2, 5, 10, … ms between tries, so a request that met a job-row write of a
     /// millisecond slept for up to 8 ms while holding the write lock (BENCHMARKS.md, issue 6).
     async fn begin_with(&self, guard: Option<OwnedMutexGuard<()>>) -> Result<Tx> {
-        let tx = match (self.backend, &self.writer) {
-            (Backend::Sqlite, Some(writer)) => {
+        let tx = match &self.writer {
+            Some(writer) => {
                 let deadline = tokio::time::Instant::now() + SQLITE_BUSY_WAIT;
                 loop {
                     match writer.begin_with("BEGIN IMMEDIATE").await {
@@ -500,8 +493,7 @@ impl Store {
                     }
                 }
             }
-            (Backend::Sqlite, None) => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            (Backend::Postgres, _) => self.pool.begin().await?,
+            None => self.pool.begin().await?,
         };
         Ok(Tx { tx, backend: self.backend, events: Vec::new(), cache: self.cache.clone(), _guard: guard })
     }
