@@ -299,6 +299,7 @@ impl Store {
         };
         let now = time::now();
         let was_deleted = m.deleted_at.is_some();
+        crate::unread::uncount_message(&mut tx, &m, ch.truncated_at).await?;
         if hard {
             for sql in [
                 "DELETE FROM reaction WHERE message_id = $1",
@@ -327,7 +328,6 @@ impl Store {
             }
         }
         if !was_deleted || hard {
-            crate::unread::recount(&mut tx, &ch.cid, None).await?;
             m.deleted_at = Some(m.deleted_at.unwrap_or(now));
             m.kind = "deleted".into();
             m.updated_at = now;

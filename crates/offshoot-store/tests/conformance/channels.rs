@@ -265,6 +265,58 @@ async fn member_read_states_count_the_visible_messages_of_others_since_the_last_
     .await;
 }
 
+/// A delete takes the message out of exactly the counters it was in: not of its author, a
+/// member who read past it, a member it was restricted away from, or anyone for a thread-only
+/// reply or a message deleted before.
+#[tokio::test]
+async fn deleting_a_message_takes_it_out_of_exactly_the_counters_it_was_in() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "uncount", &["amy", "ben", "cat"]).await;
+        let counters = || async {
+            let ch = s.get_channel(&ch.cid).await.expect("get").expect("exists");
+            let states = s.member_read_states(&ch, 10).await.expect("read states");
+            states.iter().map(|r| (r.user_id.clone(), r.unread_messages)).collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let expect = |amy: i64, ben: i64, cat: i64| {
+            [("amy".to_string(), amy), ("ben".to_string(), ben), ("cat".to_string(), cat)]
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        for id in ["a1", "a2", "a3"] {
+            s.send_message(&ch.cid, &msg(id, id), &user("amy")).await.expect("send");
+        }
+        s.send_message(&ch.cid, &NewMessage { restricted_visibility: vec!["ben".into()], ..msg("rv", "for ben") }, &user("owner"))
+            .await
+            .expect("send");
+        s.send_message(&ch.cid, &crate::support::reply("r1", "a1", "thread only"), &user("amy")).await.expect("reply");
+        s.send_message(&ch.cid, &NewMessage { show_in_channel: true, ..crate::support::reply("rs", "a1", "shown") }, &user("amy"))
+            .await
+            .expect("reply");
+        s.send_message(&ch.cid, &msg("b1", "from ben"), &user("ben")).await.expect("send");
+        s.mark_read(&ch.cid, &user("cat"), None).await.expect("read");
+        assert_eq!(counters().await, expect(1, 5, 0));
+
+        let steps: [(&str, bool, (i64, i64, i64)); 6] = [
+            ("a1", false, (1, 4, 0)),
+            ("rv", true, (1, 3, 0)),
+            ("r1", false, (1, 3, 0)),
+            ("rs", true, (1, 2, 0)),
+            ("a1", true, (1, 2, 0)),
+            ("b1", false, (0, 2, 0)),
+        ];
+        for (id, hard, (amy, ben, cat)) in steps {
+            s.delete_message(id, hard, None).await.expect("delete");
+            assert_eq!(counters().await, expect(amy, ben, cat), "after deleting {id} (hard: {hard})");
+        }
+        s.send_message(&ch.cid, &msg("a4", "four"), &user("amy")).await.expect("send");
+        assert_eq!(counters().await, expect(0, 3, 1));
+        s.delete_message("a4", false, None).await.expect("delete");
+        assert_eq!(counters().await, expect(0, 2, 0), "a2 and a3 stay unread for ben");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn query_channels_filters_sorts_and_pages() {
     with_store(|ctx| async move {
