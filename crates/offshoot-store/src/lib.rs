@@ -357,6 +357,12 @@ impl Store {
                             // that reads and sorts the whole channel instead: 0.3 ms became
                             // 50–500 ms on a 50,000-message channel (BENCHMARKS.md).
                             conn.execute("SET enable_bitmapscan = off").await?;
+                            // No JIT: every statement here reads or writes a few rows, but
+                            // without statistics the planner prices the 30-channel unions of
+                            // Query Channels above `jit_above_cost`, and compiling them took
+                            // 300–380 ms per statement, 20 times the query (BENCHMARKS.md,
+                            // "Query Channels after a day's data: JIT").
+                            conn.execute("SET jit = off").await?;
                             Ok(())
                         })
                     })

@@ -12,7 +12,7 @@ use offshoot_core::jobs::JobCounts;
 use offshoot_store::Backend;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use std::pin::Pin;
 use std::str::FromStr;
@@ -183,7 +183,10 @@ impl Pools {
                 Ok(Pools::Sqlite(pool, Wake::new()))
             }
             Backend::Postgres => {
-                let pool = PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(30)).connect(url).await?;
+                // No JIT, as the store's connections (its `Store::connect`): the queue's
+                // statements touch a few rows, and compiling one costs hundreds of ms.
+                let options = PgConnectOptions::from_str(url)?.options([("jit", "off")]);
+                let pool = PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?;
                 // Everything in schema `apalis`, bookkept in `apalis._sqlx_migrations`. A fresh
                 // database gets the `hstore` and `pgcrypto` extensions (the user needs that right).
                 PostgresStorage::<()>::migrations().run(&pool).await?;
