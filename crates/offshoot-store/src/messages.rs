@@ -64,7 +64,13 @@ pub(crate) fn arguments(binds: &[Bind]) -> Result<AnyArguments> {
 /// visibility only for the listed users and the author. Server-side sees all but hidden ones.
 pub(crate) fn visible_to(viewer: &Viewer, truncated_at: Option<i64>, binds: &mut Vec<Bind>) -> String {
     binds.push(Bind::I(truncated_at.unwrap_or(i64::MIN)));
-    let mut sql = format!("m.hidden_at IS NULL AND m.created_at > ${}", binds.len());
+    let after = format!("${}", binds.len());
+    visible_after(viewer, &after, binds)
+}
+
+/// [`visible_to`] with the truncation as SQL (`after`: a placeholder or a column).
+pub(crate) fn visible_after(viewer: &Viewer, after: &str, binds: &mut Vec<Bind>) -> String {
+    let mut sql = format!("m.hidden_at IS NULL AND m.created_at > {after}");
     if let Some(uid) = viewer.user_id() {
         binds.push(Bind::S(uid.to_string()));
         let u = binds.len();

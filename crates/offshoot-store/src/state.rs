@@ -4,10 +4,10 @@
 
 use crate::channels::read_states_sql;
 use crate::channels::ReadState;
-use crate::messages::{arguments, hydrate_messages_of, latest_pages, union_all, visible_to, Bind, Page};
+use crate::messages::{arguments, hydrate_messages_of, latest_pages, page_sql, union_all, visible_after, visible_to, Bind, Page};
 use crate::rows::{self, placeholders, MemberRow, MEMBER_COLS, MESSAGE_COLS};
 use crate::users::load_users;
-use crate::{counted, Result, Store};
+use crate::{counted, Backend, Result, Store};
 use offshoot_core::model::{Channel, Member, Message, Viewer};
 use sqlx::{AnyConnection, AssertSqlSafe};
 use std::collections::{HashMap, HashSet};
@@ -77,26 +77,11 @@ impl Store {
 
         // The main list and the pins of each channel, as `channel_messages` and
         // `pinned_messages` select them.
-        let (mut main, mut pins, mut binds) = (Vec::new(), Vec::new(), Vec::new());
-        for ch in channels {
-            binds.push(Bind::S(ch.cid.clone()));
-            let c = binds.len();
-            let vis = visible_to(viewer, ch.truncated_at, &mut binds);
-            main.push((ch.cid.clone(), format!("m.cid = ${c} AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}")));
-            pins.push(format!(
-                "SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = ${c} AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} \
-                 ORDER BY m.pinned_at DESC LIMIT {PINNED_LIMIT}"
-            ));
-        }
-        let mut messages = latest_pages(&mut conn, &main, &binds, message_limit.clamp(0, 300), |m| m.cid.clone()).await?;
-        let mut pinned: HashMap<String, Vec<Message>> = HashMap::new();
-        for chunk in pins.chunks(100) {
-            let rows: Vec<rows::MessageRow> =
-                sqlx::query_as_with(AssertSqlSafe(union_all(chunk)), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
-            for m in rows.into_iter().map(Message::from) {
-                pinned.entry(m.cid.clone()).or_default().push(m);
-            }
-        }
+        let lim = message_limit.clamp(0, 300);
+        let (mut messages, mut pinned) = match self.backend {
+            Backend::Postgres => latest_and_pinned_lateral(&mut conn, channels, viewer, lim).await?,
+            Backend::Sqlite => latest_and_pinned_union(&mut conn, channels, viewer, lim).await?,
+        };
         for pins in pinned.values_mut() {
             pins.sort_by_key(|m| std::cmp::Reverse(m.pinned_at));
         }
@@ -111,8 +96,8 @@ impl Store {
             all.extend(pins);
         }
         hydrate_messages_of(&mut conn, &mut all, viewer, &truncated_at).await?;
-        let mut members = members_of(&mut conn, &cids, member_limit).await?;
-        let mut reads = read_states_of(&mut conn, channels, member_limit).await?;
+        let mut members = members_of(&mut conn, self.backend, &cids, member_limit).await?;
+        let mut reads = read_states_of(&mut conn, self.backend, &cids, member_limit).await?;
         let mut all = all.into_iter();
         let mut out = Vec::with_capacity(channels.len());
         for (ch, (page_len, pins_len)) in channels.iter().zip(lengths) {
@@ -134,13 +119,11 @@ impl Store {
 }
 
 /// The first `limit` members of each channel (as `Store::members` orders them), with their users.
-async fn members_of(conn: &mut AnyConnection, cids: &[String], limit: i64) -> Result<HashMap<String, Vec<Member>>> {
+async fn members_of(conn: &mut AnyConnection, backend: Backend, cids: &[String], limit: i64) -> Result<HashMap<String, Vec<Member>>> {
     let mut out: HashMap<String, Vec<Member>> = HashMap::new();
+    let each = |cid: &str| format!("SELECT {MEMBER_COLS} FROM member WHERE cid = {cid} ORDER BY created_at, user_id LIMIT {limit}");
     for chunk in cids.chunks(100) {
-        let statements: Vec<String> = (0..chunk.len())
-            .map(|i| format!("SELECT {MEMBER_COLS} FROM member WHERE cid = ${} ORDER BY created_at, user_id LIMIT {limit}", i + 1))
-            .collect();
-        let mut q = sqlx::query_as::<_, MemberRow>(AssertSqlSafe(union_all(&statements)));
+        let mut q = sqlx::query_as::<_, MemberRow>(AssertSqlSafe(per_channel(backend, chunk.len(), each)));
         for cid in chunk {
             q = q.bind(cid.clone());
         }
@@ -160,7 +143,12 @@ async fn members_of(conn: &mut AnyConnection, cids: &[String], limit: i64) -> Re
 }
 
 /// `Store::member_read_states` of each channel, unordered.
-async fn read_states_of(conn: &mut AnyConnection, channels: &[Channel], limit: i64) -> Result<HashMap<String, Vec<ReadState>>> {
+async fn read_states_of(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    cids: &[String],
+    limit: i64,
+) -> Result<HashMap<String, Vec<ReadState>>> {
     #[derive(sqlx::FromRow)]
     struct Row {
         cid: String,
@@ -168,15 +156,106 @@ async fn read_states_of(conn: &mut AnyConnection, channels: &[Channel], limit: i
         state: ReadState,
     }
     let mut out: HashMap<String, Vec<ReadState>> = HashMap::new();
-    for chunk in channels.chunks(100) {
-        let statements: Vec<String> = (0..chunk.len()).map(|i| read_states_sql(&format!("${}", i + 1), &limit.to_string())).collect();
-        let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(union_all(&statements)));
-        for ch in chunk {
-            q = q.bind(ch.cid.clone());
+    for chunk in cids.chunks(100) {
+        let sql = per_channel(backend, chunk.len(), |cid| read_states_sql(cid, &limit.to_string()));
+        let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(sql));
+        for cid in chunk {
+            q = q.bind(cid.clone());
         }
         for r in q.fetch_all(counted(&mut *conn)).await? {
             out.entry(r.cid).or_default().push(r.state);
         }
     }
     Ok(out)
+}
+
+/// One statement that runs `each` (a statement about one channel, given the SQL of its cid) for
+/// `n` channels bound as `$1 … $n`. PostgreSQL: one `LATERAL` subquery over a `VALUES` list of
+/// the cids, planned once; a `UNION ALL` of `n` copies was planned copy by copy on every
+/// execution (plans are made per execution here, `Store::connect`), 4–9 ms per statement for 30
+/// channels, more than running it (BENCHMARKS.md, "Query Channels: planning"). SQLite has no
+/// `LATERAL` and plans a union in microseconds: the union.
+fn per_channel(backend: Backend, n: usize, each: impl Fn(&str) -> String) -> String {
+    match backend {
+        Backend::Postgres => {
+            let keys = (1..=n).map(|i| format!("(${i})")).collect::<Vec<_>>().join(", ");
+            format!("SELECT u.* FROM (VALUES {keys}) AS k(cid) CROSS JOIN LATERAL ({}) AS u", each("k.cid"))
+        }
+        Backend::Sqlite => union_all(&(1..=n).map(|i| each(&format!("${i}"))).collect::<Vec<_>>()),
+    }
+}
+
+/// The newest `lim` messages (oldest first) and the pins of each channel, by cid, as a union of
+/// one page per channel (SQLite).
+async fn latest_and_pinned_union(
+    conn: &mut AnyConnection,
+    channels: &[Channel],
+    viewer: &Viewer,
+    lim: i64,
+) -> Result<(HashMap<String, Vec<Message>>, HashMap<String, Vec<Message>>)> {
+    let (mut main, mut pins, mut binds) = (Vec::new(), Vec::new(), Vec::new());
+    for ch in channels {
+        binds.push(Bind::S(ch.cid.clone()));
+        let c = binds.len();
+        let vis = visible_to(viewer, ch.truncated_at, &mut binds);
+        main.push((ch.cid.clone(), format!("m.cid = ${c} AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}")));
+        pins.push(pins_sql(&format!("${c}"), &vis));
+    }
+    let messages = latest_pages(conn, &main, &binds, lim, |m| m.cid.clone()).await?;
+    let mut pinned: HashMap<String, Vec<Message>> = HashMap::new();
+    for chunk in pins.chunks(100) {
+        let rows: Vec<rows::MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(union_all(chunk)), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
+        for m in rows.into_iter().map(Message::from) {
+            pinned.entry(m.cid.clone()).or_default().push(m);
+        }
+    }
+    Ok((messages, pinned))
+}
+
+/// [`latest_and_pinned_union`] as two `LATERAL` statements over the channels (PostgreSQL; see
+/// [`per_channel`]).
+async fn latest_and_pinned_lateral(
+    conn: &mut AnyConnection,
+    channels: &[Channel],
+    viewer: &Viewer,
+    lim: i64,
+) -> Result<(HashMap<String, Vec<Message>>, HashMap<String, Vec<Message>>)> {
+    let (mut messages, mut pinned): (HashMap<String, Vec<Message>>, HashMap<String, Vec<Message>>) = Default::default();
+    for chunk in channels.chunks(100) {
+        let mut binds = Vec::with_capacity(chunk.len() * 2 + 1);
+        let mut keys = Vec::with_capacity(chunk.len());
+        for ch in chunk {
+            binds.push(Bind::S(ch.cid.clone()));
+            binds.push(Bind::I(ch.truncated_at.unwrap_or(i64::MIN)));
+            keys.push(format!("(${}, ${})", binds.len() - 1, binds.len()));
+        }
+        let vis = visible_after(viewer, "k.after", &mut binds);
+        let keys = keys.join(", ");
+        let lateral = |inner: String| format!("SELECT u.* FROM (VALUES {keys}) AS k(cid, after) CROSS JOIN LATERAL ({inner}) AS u");
+        let main = lateral(page_sql(&format!("m.cid = k.cid AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}"), true, lim));
+        let rows: Vec<rows::MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(main), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
+        for m in rows.into_iter().map(Message::from) {
+            messages.entry(m.cid.clone()).or_default().push(m);
+        }
+        let pins = lateral(pins_sql("k.cid", &vis));
+        let rows: Vec<rows::MessageRow> =
+            sqlx::query_as_with(AssertSqlSafe(pins), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
+        for m in rows.into_iter().map(Message::from) {
+            pinned.entry(m.cid.clone()).or_default().push(m);
+        }
+    }
+    for page in messages.values_mut() {
+        page.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    }
+    Ok((messages, pinned))
+}
+
+/// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first.
+fn pins_sql(cid: &str, vis: &str) -> String {
+    format!(
+        "SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = {cid} AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} \
+         ORDER BY m.pinned_at DESC LIMIT {PINNED_LIMIT}"
+    )
 }

@@ -552,19 +552,31 @@ async fn query_threads_sends_the_same_number_of_statements_for_two_threads_and_f
 }
 
 /// One channel read with `channel_states` and with `channel_state` (the single-channel path)
-/// gives the same state.
+/// gives the same state, with each channel's own truncation and each viewer's visibility.
 #[tokio::test]
 async fn channel_states_and_channel_state_agree() {
     with_store(|ctx| async move {
         let s = &ctx.store;
         seed_channels(s, 0, 3).await;
-        let viewer = crate::support::viewer("amy");
+        // qc1 is truncated (a later message stays); qc2 has a message amy may not see.
+        s.truncate_channel("agent:qc1", None, false, None, None).await.expect("truncate");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        s.send_message("agent:qc1", &msg("qc1-after", "after the truncation"), &user("ben")).await.expect("send");
+        let secret = NewMessage { restricted_visibility: vec!["ben".into()], ..msg("qc2-secret", "for ben") };
+        s.send_message("agent:qc2", &secret, &user("ben")).await.expect("send");
         let channels = s.query_channels(&ChannelFilter { limit: 10, ..Default::default() }).await.expect("query");
-        let batch = s.channel_states(&channels, &viewer, 25, 100).await.expect("batch");
-        for (ch, state) in channels.iter().zip(batch) {
-            let one = s.channel_state(ch, &viewer, &Page { limit: 25, dir: PageDir::Latest }, 100).await.expect("one");
-            assert_eq!(format!("{state:?}"), format!("{one:?}"), "{}", ch.cid);
-            assert!(state.is_member);
+        for viewer in [crate::support::viewer("amy"), crate::support::viewer("ben"), Viewer::Server] {
+            let batch = s.channel_states(&channels, &viewer, 25, 100).await.expect("batch");
+            for (ch, state) in channels.iter().zip(batch) {
+                let one = s.channel_state(ch, &viewer, &Page { limit: 25, dir: PageDir::Latest }, 100).await.expect("one");
+                assert_eq!(format!("{state:?}"), format!("{one:?}"), "{} for {viewer:?}", ch.cid);
+                let ids: Vec<&str> = state.messages.iter().map(|m| m.id.as_str()).collect();
+                match ch.id.as_str() {
+                    "qc1" => assert_eq!(ids, ["qc1-after"], "only what follows the truncation"),
+                    "qc2" => assert_eq!(ids.contains(&"qc2-secret"), viewer.user_id() != Some("amy"), "{viewer:?}: {ids:?}"),
+                    _ => assert_eq!(ids.len(), 2),
+                }
+            }
         }
     })
     .await;
