@@ -64,7 +64,8 @@ pub(crate) async fn count_new_message(tx: &mut Tx, m: &Message, truncated_at: Op
 /// locked, and only for a message that is not hidden by a rewind.
 ///
 /// A delete once recounted the whole channel: 343 ms on a 50,000-message channel under the
-/// channel lock (BENCHMARKS.md, "a statement log while a 50,000-message source is written").
+/// channel lock (BENCHMARKS.md, fifth session, "What a statement log showed while a
+/// 50,000-message source was written").
 pub(crate) async fn uncount_message(tx: &mut Tx, m: &Message, truncated_at: Option<i64>) -> Result<()> {
     if !counts(m, truncated_at) || m.deleted_at.is_some() {
         return Ok(());
