@@ -38,30 +38,12 @@ pub(crate) async fn count_new_message(tx: &mut Tx, m: &Message, truncated_at: Op
     if !counts(m, truncated_at) {
         return Ok(());
     }
-    let restricted = if m.restricted_visibility.is_empty() {
-        String::new()
-    } else {
-        format!(" AND {}", crate::messages::restricted_to("$4", "member.user_id"))
-    };
-    let mut q = sqlx::query(AssertSqlSafe(format!(
-        "UPDATE member SET unread_count = unread_count + 1 \
-         WHERE cid = $1 AND user_id <> $2 AND created_at < $3 \
-         AND NOT EXISTS (SELECT 1 FROM channel_read r WHERE r.cid = member.cid AND r.user_id = member.user_id AND r.last_read >= $3){restricted}"
-    )))
-    .bind(m.cid.clone())
-    .bind(m.user_id.clone())
-    .bind(m.created_at);
-    if !m.restricted_visibility.is_empty() {
-        q = q.bind(m.id.clone());
-    }
-    q.execute(counted(&mut *tx.tx)).await?;
-    Ok(())
+    add_for_readers(tx, m, 1).await
 }
 
-/// Takes one from the counter of every member the message `m` counts for (the rule of the
-/// module doc, evaluated for one message, as [`recount`] would find it). Run before the message
-/// stops counting (deleted, or its row and restricted-visibility rows removed), with the channel
-/// locked, and only for a message that is not hidden by a rewind.
+/// Takes one from the counter of every member the message `m` counts for (as [`recount`] would
+/// find it). Run before the message stops counting (deleted, or its row and restricted-visibility
+/// rows removed), with the channel locked, and only for a message that is not hidden by a rewind.
 ///
 /// A delete once recounted the whole channel: 343 ms on a 50,000-message channel under the
 /// channel lock (BENCHMARKS.md, fifth session, "What a statement log showed while a
@@ -70,19 +52,28 @@ pub(crate) async fn uncount_message(tx: &mut Tx, m: &Message, truncated_at: Opti
     if !counts(m, truncated_at) || m.deleted_at.is_some() {
         return Ok(());
     }
+    add_for_readers(tx, m, -1).await
+}
+
+/// Adds `delta` to the counter of every member but the author for whom `m` is newer than their
+/// read mark (or, without one, than their joining) and, when its visibility is restricted, who
+/// is named in it: the member side of the rule, for one message whose own side holds.
+async fn add_for_readers(tx: &mut Tx, m: &Message, delta: i64) -> Result<()> {
+    let floor = if delta < 0 { " AND unread_count > 0" } else { "" };
     let restricted = if m.restricted_visibility.is_empty() {
         String::new()
     } else {
-        format!(" AND {}", crate::messages::restricted_to("$4", "member.user_id"))
+        format!(" AND {}", crate::messages::restricted_to("$5", "member.user_id"))
     };
     let mut q = sqlx::query(AssertSqlSafe(format!(
-        "UPDATE member SET unread_count = unread_count - 1 \
-         WHERE cid = $1 AND user_id <> $2 AND unread_count > 0 \
+        "UPDATE member SET unread_count = unread_count + $4 \
+         WHERE cid = $1 AND user_id <> $2{floor} \
          AND $3 > COALESCE((SELECT r.last_read FROM channel_read r WHERE r.cid = member.cid AND r.user_id = member.user_id), member.created_at){restricted}"
     )))
     .bind(m.cid.clone())
     .bind(m.user_id.clone())
-    .bind(m.created_at);
+    .bind(m.created_at)
+    .bind(delta);
     if !m.restricted_visibility.is_empty() {
         q = q.bind(m.id.clone());
     }
