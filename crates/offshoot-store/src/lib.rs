@@ -299,11 +299,16 @@ impl Tx {
 /// busy timeout is the same.
 const SQLITE_BUSY_WAIT: Duration = Duration::from_secs(15);
 
-/// A pool on the SQLite file at `url`: WAL, `synchronous = NORMAL` (no flush per commit), and
-/// SQLite's busy handler waiting up to `busy` for another connection's lock.
+/// A pool on the SQLite file at `url`: WAL, `synchronous = NORMAL` (no flush per commit),
+/// SQLite's busy handler waiting up to `busy` for another connection's lock, and no automatic
+/// checkpoints: a commit that crosses the WAL's threshold would copy the WAL into the database
+/// and flush it before returning, while requests wait ([`checkpoint`] does it instead).
 async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyPool> {
-    let pragmas: Arc<str> =
-        format!("PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {}; PRAGMA synchronous = NORMAL", busy.as_millis()).into();
+    let pragmas: Arc<str> = format!(
+        "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {}; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0",
+        busy.as_millis()
+    )
+    .into();
     Ok(AnyPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(Duration::from_secs(30))
@@ -318,6 +323,28 @@ async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyP
         })
         .connect(url)
         .await?)
+}
+
+/// How often the SQLite WAL is copied into the database by [`checkpoint`].
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Copies the SQLite WAL into the database every [`CHECKPOINT_EVERY`], off every request's and
+/// backfill page's path (their connections do not checkpoint, [`sqlite_pool`]). `PASSIVE`: it
+/// takes no lock that writers or readers wait for; what a reader still uses stays for the next
+/// round. Ends when the pool is closed.
+async fn checkpoint(pool: AnyPool) {
+    loop {
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
+        if pool.is_closed() {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&pool).await {
+            if pool.is_closed() {
+                return;
+            }
+            tracing::warn!(error = %e, "checkpointing the SQLite WAL failed; trying again");
+        }
+    }
 }
 
 /// `SQLITE_BUSY` (the database file is locked by another connection).
@@ -381,8 +408,9 @@ impl Store {
             Backend::Postgres => None,
         };
         let announce = Arc::new(Notify::new());
-        if backend == Backend::Postgres {
-            tokio::spawn(events::announce(pool.clone(), announce.clone()));
+        match backend {
+            Backend::Postgres => drop(tokio::spawn(events::announce(pool.clone(), announce.clone()))),
+            Backend::Sqlite => drop(tokio::spawn(checkpoint(pool.clone()))),
         }
         Ok(Store {
             pool,

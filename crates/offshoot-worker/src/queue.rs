@@ -174,7 +174,10 @@ impl Pools {
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
-                    .busy_timeout(Duration::from_secs(15));
+                    .busy_timeout(Duration::from_secs(15))
+                    // The store checkpoints the WAL in the background (its `sqlite_pool`); a job
+                    // statement crossing the threshold would otherwise copy and flush it inline.
+                    .pragma("wal_autocheckpoint", "0");
                 let pool =
                     SqlitePoolOptions::new().max_connections(4).acquire_timeout(Duration::from_secs(30)).connect_with(options).await?;
                 let mut migrator = SqliteStorage::<()>::migrations();
