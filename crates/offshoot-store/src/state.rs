@@ -179,7 +179,7 @@ fn per_channel(backend: Backend, n: usize, each: impl Fn(&str) -> String) -> Str
     match backend {
         Backend::Postgres => {
             let keys = (1..=n).map(|i| format!("(${i})")).collect::<Vec<_>>().join(", ");
-            format!("SELECT u.* FROM (VALUES {keys}) AS k(cid) CROSS JOIN LATERAL ({}) AS u", each("k.cid"))
+            lateral(&keys, "cid", &each("k.cid"))
         }
         Backend::Sqlite => union_all(&(1..=n).map(|i| each(&format!("${i}"))).collect::<Vec<_>>()),
     }
@@ -204,11 +204,7 @@ async fn latest_and_pinned_union(
     let messages = latest_pages(conn, &main, &binds, lim, |m| m.cid.clone()).await?;
     let mut pinned: HashMap<String, Vec<Message>> = HashMap::new();
     for chunk in pins.chunks(100) {
-        let rows: Vec<rows::MessageRow> =
-            sqlx::query_as_with(AssertSqlSafe(union_all(chunk)), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
-        for m in rows.into_iter().map(Message::from) {
-            pinned.entry(m.cid.clone()).or_default().push(m);
-        }
+        messages_by_cid(conn, union_all(chunk), &binds, &mut pinned).await?;
     }
     Ok((messages, pinned))
 }
@@ -232,24 +228,29 @@ async fn latest_and_pinned_lateral(
         }
         let vis = visible_after(viewer, "k.after", &mut binds);
         let keys = keys.join(", ");
-        let lateral = |inner: String| format!("SELECT u.* FROM (VALUES {keys}) AS k(cid, after) CROSS JOIN LATERAL ({inner}) AS u");
-        let main = lateral(page_sql(&format!("m.cid = k.cid AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}"), true, lim));
-        let rows: Vec<rows::MessageRow> =
-            sqlx::query_as_with(AssertSqlSafe(main), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
-        for m in rows.into_iter().map(Message::from) {
-            messages.entry(m.cid.clone()).or_default().push(m);
-        }
-        let pins = lateral(pins_sql("k.cid", &vis));
-        let rows: Vec<rows::MessageRow> =
-            sqlx::query_as_with(AssertSqlSafe(pins), arguments(&binds)?).fetch_all(counted(&mut *conn)).await?;
-        for m in rows.into_iter().map(Message::from) {
-            pinned.entry(m.cid.clone()).or_default().push(m);
-        }
+        let main = page_sql(&format!("m.cid = k.cid AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}"), true, lim);
+        messages_by_cid(conn, lateral(&keys, "cid, after", &main), &binds, &mut messages).await?;
+        messages_by_cid(conn, lateral(&keys, "cid, after", &pins_sql("k.cid", &vis)), &binds, &mut pinned).await?;
     }
     for page in messages.values_mut() {
         page.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     }
     Ok((messages, pinned))
+}
+
+/// `inner` (which reads the row of `keys` as `k`, with `columns`) once per row of the `VALUES`
+/// list `keys`, its rows joined: one statement, planned once (PostgreSQL).
+fn lateral(keys: &str, columns: &str, inner: &str) -> String {
+    format!("SELECT u.* FROM (VALUES {keys}) AS k({columns}) CROSS JOIN LATERAL ({inner}) AS u")
+}
+
+/// Runs a statement of messages and adds its rows to `into`, by cid.
+async fn messages_by_cid(conn: &mut AnyConnection, sql: String, binds: &[Bind], into: &mut HashMap<String, Vec<Message>>) -> Result<()> {
+    let rows: Vec<rows::MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(counted(&mut *conn)).await?;
+    for m in rows.into_iter().map(Message::from) {
+        into.entry(m.cid.clone()).or_default().push(m);
+    }
+    Ok(())
 }
 
 /// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first.
