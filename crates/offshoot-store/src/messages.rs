@@ -1013,9 +1013,7 @@ pub(crate) async fn latest_pages(
     let mut pages: HashMap<String, Vec<Message>> = conditions.iter().map(|(k, _)| (k.clone(), Vec::new())).collect();
     for chunk in conditions.chunks(100) {
         let sql = union_all(&chunk.iter().map(|(_, cond)| page_sql(cond, true, lim)).collect::<Vec<_>>());
-        let rows: Vec<MessageRow> =
-            sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(crate::counted(&mut *conn)).await?;
-        for m in rows.into_iter().map(Message::from) {
+        for m in rows::fetch_messages(conn, &sql, arguments(binds)?).await? {
             pages.entry(key_of(&m)).or_default().push(m);
         }
     }
@@ -1027,11 +1025,8 @@ pub(crate) async fn latest_pages(
 
 async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
     let sql = page_sql(&format!("{base}{cond}"), desc, lim);
-    let rows: Vec<MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
-    let mut msgs: Vec<Message> = rows::all(rows);
-    if desc {
-        msgs.reverse();
-    }
+    let mut msgs = rows::fetch_messages(conn, &sql, arguments(&binds)?).await?;
+    msgs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     Ok(msgs)
 }
 

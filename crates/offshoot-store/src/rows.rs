@@ -5,11 +5,14 @@
 
 use crate::StoreError;
 use offshoot_core::model::{Channel, ChannelType, Custom, ForkStatus, ForkSummary, Member, Message, Reaction, User};
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
+use sqlx::any::AnyArguments;
 use sqlx::any::{AnyTypeInfo, AnyTypeInfoKind};
 use sqlx::error::BoxDynError;
-use sqlx::{Any, Decode, Type, ValueRef};
+use sqlx::{Any, AnyConnection, AssertSqlSafe, Decode, Type, ValueRef};
+use std::sync::LazyLock;
 
 /// A JSON document kept in a text column.
 #[derive(Debug, Clone, Default)]
@@ -31,6 +34,24 @@ impl<'r, T: DeserializeOwned> Decode<'r, Any> for Json<T> {
     }
 }
 
+/// A JSON document kept in a text column, inside a row read as JSON ([`fetch_json`]): the
+/// column's text as a JSON string.
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Json<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Text<T>(std::marker::PhantomData<T>);
+        impl<T: DeserializeOwned> Visitor<'_> for Text<T> {
+            type Value = Json<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON document as text")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> std::result::Result<Json<T>, E> {
+                serde_json::from_str(text).map(Json).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Text(std::marker::PhantomData))
+    }
+}
+
 /// A flag column: BOOLEAN on PostgreSQL, INTEGER 0/1 on SQLite, where sqlx's `Any` driver
 /// refuses columns declared BOOLEAN.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,6 +63,29 @@ impl Type<Any> for Flag {
     }
     fn compatible(ty: &AnyTypeInfo) -> bool {
         <bool as Type<Any>>::compatible(ty) || <i64 as Type<Any>>::compatible(ty)
+    }
+}
+
+/// A flag inside a row read as JSON ([`fetch_json`]): `0`/`1` as SQLite keeps it, or a boolean.
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct F;
+        impl Visitor<'_> for F {
+            type Value = Flag;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a boolean or 0/1")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Flag, E> {
+                Ok(Flag(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Flag, E> {
+                Ok(Flag(v != 0))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Flag, E> {
+                Ok(Flag(v != 0))
+            }
+        }
+        d.deserialize_any(F)
     }
 }
 
@@ -181,7 +225,9 @@ impl From<MemberRow> for Member {
 
 pub(crate) const MESSAGE_COLS: &str = "m.id, m.cid, m.user_id, m.type, m.text, m.html, m.mml, m.command, m.parent_id, m.show_in_channel, m.quoted_message_id, m.attachments, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, m.shadowed, m.pinned, m.pinned_at, m.pinned_by_id, m.pin_expires, m.reply_count, m.deleted_reply_count, m.created_at, m.updated_at, m.deleted_at, m.message_text_updated_at, m.hidden_at, m.source_cid, m.source_message_id";
 
-#[derive(sqlx::FromRow)]
+/// A message row, read as sqlx columns or as a JSON array of [`MESSAGE_COLS`] in this order
+/// ([`fetch_messages`]).
+#[derive(sqlx::FromRow, Deserialize)]
 pub(crate) struct MessageRow {
     id: String,
     cid: String,
@@ -369,6 +415,35 @@ impl From<ChannelTypeRow> for ChannelType {
 /// Rows into domain values.
 pub(crate) fn all<R, T: From<R>>(rows: Vec<R>) -> Vec<T> {
     rows.into_iter().map(T::from).collect()
+}
+
+/// The rows of `sql` (whose columns are `columns`, comma-separated, in `T`'s field order), read
+/// on SQLite as one JSON array of arrays that SQLite builds. sqlx's SQLite driver hands every
+/// row from its worker thread to the task and its `Any` driver converts every column into an
+/// owned value: 10 of the 16 ms a 750-message Query Channels page spent in its statement
+/// (BENCHMARKS.md, seventh session); one text value crosses instead. PostgreSQL's rows decode in
+/// the task, and building the JSON there was not faster (same place): columns, as usual. The
+/// order of the rows is not kept: callers sort.
+pub(crate) async fn fetch_json<T>(conn: &mut AnyConnection, sql: &str, columns: &str, args: AnyArguments) -> Result<Vec<T>, StoreError>
+where
+    T: DeserializeOwned + for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+{
+    if conn.backend_name() != "SQLite" {
+        return Ok(sqlx::query_as_with(AssertSqlSafe(sql.to_string()), args).fetch_all(crate::counted(&mut *conn)).await?);
+    }
+    let values = columns.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
+    let wrapped = format!("SELECT json_group_array(json_array({values})) FROM ({sql}) AS t");
+    let text: String = sqlx::query_scalar_with(AssertSqlSafe(wrapped), args).fetch_one(crate::counted(&mut *conn)).await?;
+    serde_json::from_str(&text).map_err(|e| StoreError::Db(sqlx::Error::Decode(Box::new(e))))
+}
+
+/// The output column names of [`MESSAGE_COLS`].
+static MESSAGE_NAMES: LazyLock<String> =
+    LazyLock::new(|| MESSAGE_COLS.split(", ").map(|c| c.trim_start_matches("m.")).collect::<Vec<_>>().join(", "));
+
+/// The messages of `sql`, a statement whose columns are [`MESSAGE_COLS`], through [`fetch_json`].
+pub(crate) async fn fetch_messages(conn: &mut AnyConnection, sql: &str, args: AnyArguments) -> Result<Vec<Message>, StoreError> {
+    Ok(all(fetch_json::<MessageRow>(conn, sql, &MESSAGE_NAMES, args).await?))
 }
 
 /// `$first, $first+1, …` for `n` values.

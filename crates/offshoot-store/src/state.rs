@@ -246,8 +246,7 @@ fn lateral(keys: &str, columns: &str, inner: &str) -> String {
 
 /// Runs a statement of messages and adds its rows to `into`, by cid.
 async fn messages_by_cid(conn: &mut AnyConnection, sql: String, binds: &[Bind], into: &mut HashMap<String, Vec<Message>>) -> Result<()> {
-    let rows: Vec<rows::MessageRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(counted(&mut *conn)).await?;
-    for m in rows.into_iter().map(Message::from) {
+    for m in rows::fetch_messages(conn, &sql, arguments(binds)?).await? {
         into.entry(m.cid.clone()).or_default().push(m);
     }
     Ok(())

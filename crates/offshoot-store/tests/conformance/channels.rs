@@ -564,6 +564,25 @@ async fn channel_states_and_channel_state_agree() {
         s.send_message("agent:qc1", &msg("qc1-after", "after the truncation"), &user("ben")).await.expect("send");
         let secret = NewMessage { restricted_visibility: vec!["ben".into()], ..msg("qc2-secret", "for ben") };
         s.send_message("agent:qc2", &secret, &user("ben")).await.expect("send");
+        // qc0 gets a message with every optional part, and text that JSON must escape: the
+        // batch reads its rows as JSON built by the database, the single state as columns.
+        let odd = "quote \" backslash \\ newline \n tab \t nul-free unicode é ✓ 🦀 </script>";
+        let full = NewMessage {
+            html: format!("<p>{odd}</p>"),
+            mml: Some(format!("<mml>{odd}</mml>")),
+            command: Some("giphy".into()),
+            attachments: vec![json!({"type": "image", "title": odd, "nested": {"n": [1, 2.5, -3, 9007199254740993_i64, null, true]}})],
+            mentioned_users: vec!["ben".into()],
+            silent: true,
+            i18n: Some(Map::from_iter([("fr_text".to_string(), json!(odd)), ("language".to_string(), json!("en"))])),
+            custom: Map::from_iter([("k".to_string(), json!({"deep": [odd, 0, false]})), ("big".to_string(), json!(i64::MAX))]),
+            pinned: true,
+            pin_expires: Some(4_102_444_800_000_000_000),
+            ..msg("qc0-full", odd)
+        };
+        s.send_message("agent:qc0", &full, &user("ben")).await.expect("send");
+        let shown = NewMessage { show_in_channel: true, quoted_message_id: Some("qc0-full".into()), ..reply("qc0-shown", "qc0-full", odd) };
+        s.send_message("agent:qc0", &shown, &user("amy")).await.expect("send");
         let channels = s.query_channels(&ChannelFilter { limit: 10, ..Default::default() }).await.expect("query");
         for viewer in [crate::support::viewer("amy"), crate::support::viewer("ben"), Viewer::Server] {
             let batch = s.channel_states(&channels, &viewer, 25, 100).await.expect("batch");
@@ -574,6 +593,15 @@ async fn channel_states_and_channel_state_agree() {
                 match ch.id.as_str() {
                     "qc1" => assert_eq!(ids, ["qc1-after"], "only what follows the truncation"),
                     "qc2" => assert_eq!(ids.contains(&"qc2-secret"), viewer.user_id() != Some("amy"), "{viewer:?}: {ids:?}"),
+                    "qc0" => {
+                        assert_eq!(ids[2..], ["qc0-full", "qc0-shown"]);
+                        assert_eq!(state.messages[2].custom["k"]["deep"][0], json!(odd));
+                        assert_eq!(state.messages[2].attachments[0]["nested"]["n"][3], json!(9007199254740993_i64));
+                        assert_eq!(state.pinned.len(), 2, "both pins");
+                        // The same message read by id, as columns (`get_message`).
+                        let (by_id, _) = s.get_message("qc0-full", &viewer).await.expect("get").expect("stored");
+                        assert_eq!(format!("{:?}", state.messages[2]), format!("{by_id:?}"), "{viewer:?}");
+                    }
                     _ => assert_eq!(ids.len(), 2),
                 }
             }
