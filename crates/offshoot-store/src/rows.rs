@@ -199,7 +199,8 @@ impl From<ChannelRow> for Channel {
 
 pub(crate) const MEMBER_COLS: &str = "cid, user_id, channel_role, custom, created_at, updated_at";
 
-#[derive(sqlx::FromRow)]
+/// A member row, read as sqlx columns or as a JSON array of [`MEMBER_COLS`] ([`fetch_json`]).
+#[derive(sqlx::FromRow, Deserialize)]
 pub(crate) struct MemberRow {
     cid: String,
     user_id: String,

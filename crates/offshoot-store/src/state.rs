@@ -123,11 +123,8 @@ async fn members_of(conn: &mut AnyConnection, backend: Backend, cids: &[String],
     let mut out: HashMap<String, Vec<Member>> = HashMap::new();
     let each = |cid: &str| format!("SELECT {MEMBER_COLS} FROM member WHERE cid = {cid} ORDER BY created_at, user_id LIMIT {limit}");
     for chunk in cids.chunks(100) {
-        let mut q = sqlx::query_as::<_, MemberRow>(AssertSqlSafe(per_channel(backend, chunk.len(), each)));
-        for cid in chunk {
-            q = q.bind(cid.clone());
-        }
-        for m in q.fetch_all(counted(&mut *conn)).await?.into_iter().map(Member::from) {
+        let sql = per_channel(backend, chunk.len(), each);
+        for m in rows::fetch_json::<MemberRow>(conn, &sql, MEMBER_COLS, cid_arguments(chunk)?).await?.into_iter().map(Member::from) {
             out.entry(m.cid.clone()).or_default().push(m);
         }
     }
@@ -149,24 +146,24 @@ async fn read_states_of(
     cids: &[String],
     limit: i64,
 ) -> Result<HashMap<String, Vec<ReadState>>> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        cid: String,
-        #[sqlx(flatten)]
-        state: ReadState,
-    }
+    // The columns of `read_states_sql`: cid, then the read state's fields.
+    type Row = (String, String, i64, Option<String>, i64);
     let mut out: HashMap<String, Vec<ReadState>> = HashMap::new();
     for chunk in cids.chunks(100) {
         let sql = per_channel(backend, chunk.len(), |cid| read_states_sql(cid, &limit.to_string()));
-        let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(sql));
-        for cid in chunk {
-            q = q.bind(cid.clone());
-        }
-        for r in q.fetch_all(counted(&mut *conn)).await? {
-            out.entry(r.cid).or_default().push(r.state);
+        let columns = "cid, user_id, last_read, last_read_message_id, unread_messages";
+        for (cid, user_id, last_read, last_read_message_id, unread_messages) in
+            rows::fetch_json::<Row>(conn, &sql, columns, cid_arguments(chunk)?).await?
+        {
+            out.entry(cid).or_default().push(ReadState { user_id, last_read, last_read_message_id, unread_messages });
         }
     }
     Ok(out)
+}
+
+/// `cids` as the arguments `$1 … $n`.
+fn cid_arguments(cids: &[String]) -> Result<sqlx::any::AnyArguments> {
+    arguments(&cids.iter().map(|c| Bind::S(c.clone())).collect::<Vec<_>>())
 }
 
 /// One statement that runs `each` (a statement about one channel, given the SQL of its cid) for
