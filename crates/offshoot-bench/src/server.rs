@@ -280,6 +280,19 @@ impl Api {
     }
 
     pub async fn call_as(&self, token: &str, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<(Value, Duration)> {
+        let (value, to_last_byte, parse) = self.call_split(token, method, path, body).await?;
+        Ok((value, to_last_byte + parse))
+    }
+
+    /// A call whose time is split in two: from sending the request to the last byte of the
+    /// answer, and the client's parse of that answer into JSON after it.
+    pub async fn call_split(
+        &self,
+        token: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(Value, Duration, Duration)> {
         let url = format!("{}{path}", self.base);
         let mut req =
             self.http.request(method, url).query(&[("api_key", API_KEY)]).header("Authorization", token).header("stream-auth-type", "jwt");
@@ -289,10 +302,12 @@ impl Api {
         let started = Instant::now();
         let resp = req.send().await.with_context(|| path.to_string())?;
         let status = resp.status();
-        let value: Value = resp.json().await.with_context(|| format!("{path}: the body is not JSON"))?;
-        let elapsed = started.elapsed();
+        let bytes = resp.bytes().await.with_context(|| path.to_string())?;
+        let to_last_byte = started.elapsed();
+        let value: Value = serde_json::from_slice(&bytes).with_context(|| format!("{path}: the body is not JSON"))?;
+        let parse = started.elapsed() - to_last_byte;
         ensure!(status.is_success(), "{path} answered {status}: {value}");
-        Ok((value, elapsed))
+        Ok((value, to_last_byte, parse))
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
