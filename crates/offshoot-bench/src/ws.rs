@@ -315,9 +315,28 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     ));
     let rss_busy = server.rss_kib().unwrap_or(0);
     report.add(format!("d. server RSS after the fan-out runs: {:.1} MiB", rss_busy as f64 / 1024.0));
+    // The server removes each closed connection's presence records, a write transaction per
+    // connection: timed here, and e starts only once they are gone (it used to start during
+    // them and measured the server busy with them, BENCHMARKS.md).
+    let n = clients.len();
+    let started = Instant::now();
     disconnect(clients);
+    let left = loop {
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM ws_connection").fetch_one(&server.db).await?;
+        if left == 0 || started.elapsed() > DRAIN_TIMEOUT {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    report.add(format!(
+        "d. {n} clients gone at once: their presence records removed in {:.1} s ({left} left)",
+        started.elapsed().as_secs_f64()
+    ));
     Ok(())
 }
+
+/// How long d waits for the server to remove its closed clients' records.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// e. Agent streaming: `streams` channels, one watcher each; every stream sends a placeholder
 /// message and `ai_indicator.update`, then 20 partial updates of its text a second, then
