@@ -3,7 +3,7 @@
 
 use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
 use crate::messages::{arguments, ensure_user, load_message, lock_channel, Bind};
-use crate::rows::{placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
+use crate::rows::{self, placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
@@ -131,9 +131,12 @@ struct CopySource {
 const COPY_SOURCE_COLS: &str =
     "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments, m.reply_count";
 
+/// The output names of [`COPY_SOURCE_COLS`], for [`rows::fetch_json`].
+const COPY_SOURCE_NAMES: &str = "id, parent_id, quoted_message_id, created_at, text_chars, custom, attachments, reply_count";
+
 /// The columns of [`COPY_SOURCE_COLS`]; custom data and attachments stay text, since only
 /// their sizes are needed.
-#[derive(sqlx::FromRow)]
+#[derive(sqlx::FromRow, serde::Deserialize)]
 struct CopySourceRow {
     id: String,
     parent_id: Option<String>,
@@ -164,8 +167,11 @@ impl TryFrom<CopySourceRow> for CopySource {
 }
 
 async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
-    let rows: Vec<CopySourceRow> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(binds)?).fetch_all(crate::counted(&mut *conn)).await?;
-    rows.into_iter().map(CopySource::try_from).collect()
+    // Newest first, as the statement orders them (the JSON read does not keep the order).
+    let rows: Vec<CopySourceRow> = rows::fetch_json(conn, &sql, COPY_SOURCE_NAMES, arguments(binds)?).await?;
+    let mut sources = rows.into_iter().map(CopySource::try_from).collect::<Result<Vec<_>>>()?;
+    sources.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+    Ok(sources)
 }
 
 /// `n` placeholders starting at `$first`: `?` on SQLite (which resolves `$n` names by a linear
@@ -176,6 +182,10 @@ fn params(backend: Backend, first: usize, n: usize) -> String {
         Backend::Postgres => placeholders(first, n),
     }
 }
+
+/// Rows per statement of a page's copy (a full page, [`offshoot_core::fork::BACKFILL_PAGE`], is
+/// one statement of each kind): 4 bound values a row, well inside both engines' limits.
+const COPY_CHUNK: usize = 1000;
 
 /// Copies `sources` (newest first) into the fork. Stops at the first message that cannot be
 /// copied and returns the failure; what was copied before it stays.
@@ -192,7 +202,7 @@ async fn copy_messages(
     // message (the fork fails).
     let copy_ids: Vec<String> = sources.iter().map(|m| ids::copy_id(fork_cid, &m.id)).collect();
     let mut taken: HashMap<String, (String, Option<String>)> = HashMap::new();
-    for chunk in copy_ids.chunks(500) {
+    for chunk in copy_ids.chunks(COPY_CHUNK) {
         let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(backend, 1, chunk.len()));
         let mut q = sqlx::query_as::<_, (String, String, Option<String>)>(AssertSqlSafe(sql));
         for id in chunk {
@@ -234,7 +244,7 @@ async fn copy_messages(
     }
     // The database copies the rows: everything but the ids is taken from the source row.
     let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
-    for chunk in plan.chunks(250) {
+    for chunk in plan.chunks(COPY_CHUNK) {
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
         let sql = format!(
             "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
