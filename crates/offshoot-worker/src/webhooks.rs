@@ -105,13 +105,14 @@ pub fn delivery_id(seq: i64, url: &str) -> uuid::Uuid {
 pub async fn relay(shared: Arc<Shared>, shutdown: CancellationToken) {
     let notify = shared.store.event_notify();
     let mut failing = false;
+    let mut cursor = Cursor::default();
     tracing::info!("webhook queueing started");
     loop {
         // Registered before reading, so a commit during the read still wakes the next wait.
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match queue_new(&shared).await {
+        match queue_new(&shared, &mut cursor).await {
             Ok(()) if failing => {
                 failing = false;
                 tracing::info!("webhook queueing works again");
@@ -129,16 +130,80 @@ pub async fn relay(shared: Arc<Shared>, shutdown: CancellationToken) {
             _ = tokio::time::sleep(POLL_INTERVAL) => {}
         }
     }
+    if let Err(e) = cursor.store(&shared.store).await {
+        tracing::warn!(error = %e, "saving the webhook cursor at shutdown failed; the events since are read again");
+    }
     tracing::info!("webhook queueing stopped");
 }
 
+/// How long the relay may run ahead of its stored cursor while it queues nothing.
+const CURSOR_LAG: Duration = Duration::from_secs(1);
+
+/// The relay's place in the outbox. Events that queue no delivery (no endpoint, or none for
+/// their type) move it in memory only, and it is stored at most every [`CURSOR_LAG`]: storing
+/// it is a write transaction, and one per batch of such events was a fifth of the write
+/// transactions of agent streaming on SQLite (BENCHMARKS.md, seventh session). Events read
+/// again after a restart queue nothing again; a delivery is stored before the events that
+/// follow it are read.
+#[derive(Default)]
+struct Cursor {
+    /// The stored cursor, as last read or written (None: read it).
+    stored: Option<i64>,
+    /// How far this relay has read, when ahead of `stored`.
+    ahead: Option<i64>,
+    /// When `stored` was last written.
+    stored_at: Option<tokio::time::Instant>,
+}
+
+impl Cursor {
+    /// Where to read from next.
+    async fn position(&mut self, store: &offshoot_store::Store) -> Result<i64, BoxDynError> {
+        if let Some(at) = self.ahead.or(self.stored) {
+            return Ok(at);
+        }
+        let at = store.outbox_cursor(CURSOR).await?;
+        self.stored = Some(at);
+        Ok(at)
+    }
+
+    fn due(&self) -> bool {
+        self.stored_at.is_none_or(|at| at.elapsed() >= CURSOR_LAG)
+    }
+
+    /// Stores the position `to`. False when another worker moved the stored cursor in the
+    /// meantime (its jobs collided with ours): the cursor is read again.
+    async fn store_at(&mut self, store: &offshoot_store::Store, to: i64) -> Result<bool, BoxDynError> {
+        let Some(from) = self.stored else {
+            self.ahead = None;
+            return Ok(false);
+        };
+        if to != from && !store.advance_cursor_from(CURSOR, from, to).await? {
+            *self = Cursor::default();
+            return Ok(false);
+        }
+        (self.stored, self.ahead, self.stored_at) = (Some(to), None, Some(tokio::time::Instant::now()));
+        Ok(true)
+    }
+
+    /// Stores how far it is ahead, if it is.
+    async fn store(&mut self, store: &offshoot_store::Store) -> Result<(), BoxDynError> {
+        if let Some(to) = self.ahead {
+            self.store_at(store, to).await?;
+        }
+        Ok(())
+    }
+}
+
 /// Pushes a delivery job per webhook-audience event and URL past the cursor, then moves it.
-async fn queue_new(shared: &Shared) -> Result<(), BoxDynError> {
+async fn queue_new(shared: &Shared, cursor: &mut Cursor) -> Result<(), BoxDynError> {
     let store = &shared.store;
     loop {
-        let from = store.outbox_cursor(CURSOR).await?;
+        let from = cursor.position(store).await?;
         let batch = store.events_after(from, BATCH).await?;
         let Some(to) = batch.last().map(|e| e.seq) else {
+            if cursor.due() {
+                cursor.store(store).await?;
+            }
             return Ok(());
         };
         let settings = store.app_settings().await?;
@@ -166,10 +231,16 @@ async fn queue_new(shared: &Shared) -> Result<(), BoxDynError> {
                 jobs.push((job, ulid_of(id), Duration::ZERO));
             }
         }
+        let queued = !jobs.is_empty();
         shared.pools.push_deliveries(jobs).await?;
-        // False: another worker queued this range first (its jobs collided with ours).
-        let advanced = store.advance_cursor_from(CURSOR, from, to).await?;
-        if advanced && (batch.len() as i64) < BATCH {
+        let moved = match queued || cursor.due() {
+            true => cursor.store_at(store, to).await?,
+            false => {
+                cursor.ahead = Some(to);
+                true
+            }
+        };
+        if moved && (batch.len() as i64) < BATCH {
             return Ok(());
         }
     }
