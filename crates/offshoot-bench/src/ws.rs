@@ -289,14 +289,16 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let receipts = board.take();
-    let sent = sent.lock().unwrap_or_else(|e| e.into_inner());
     let mut per_client = vec![0usize; 2_000];
     let mut lat = Vec::with_capacity(receipts.len());
-    for r in &receipts {
-        if let Some(t) = sent.get(&r.message_id) {
-            lat.push(r.at.duration_since(*t));
-            if (1_000..2_000).contains(&r.client) {
-                per_client[r.client - 1_000] += 1;
+    {
+        let sent = sent.lock().unwrap_or_else(|e| e.into_inner());
+        for r in &receipts {
+            if let Some(t) = sent.get(&r.message_id) {
+                lat.push(r.at.duration_since(*t));
+                if (1_000..2_000).contains(&r.client) {
+                    per_client[r.client - 1_000] += 1;
+                }
             }
         }
     }
