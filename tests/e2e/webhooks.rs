@@ -502,3 +502,68 @@ async fn the_cli_lists_dead_letters_and_replays_them() {
     assert!(cli(&["dead-letters", "list"]).contains("no dead-lettered"), "replayed deliveries leave the list");
     assert!(cli(&["jobs"]).contains("offshoot.webhook:"), "job counts print per queue");
 }
+
+/// Two worker processes on PostgreSQL turn the outbox into deliveries at once. Each moves its
+/// cursor in memory past events that queue nothing (only `message.new` is hooked, so each
+/// reaction between the messages queues nothing) and stores it when it queues a delivery or a
+/// second has passed. One is SIGKILLed halfway, losing whatever it had read but not stored:
+/// every message still reaches the receiver, each under one `X-Webhook-Id` (an event queued
+/// twice, past the unique job id, would arrive under two), and nothing unhooked arrives.
+#[tokio::test]
+async fn two_workers_relaying_at_once_deliver_every_event_once_even_when_one_is_killed() {
+    if backend() != Backend::Postgres {
+        eprintln!("several worker processes need PostgreSQL (OFFSHOOT_TEST_BACKEND=postgres)");
+        return;
+    }
+    let db = TestDb::create().await;
+    let api = ServerProcess::start(&db, &[("OFFSHOOT_ROLES", "api")]).await;
+    let (url, mut rx) = receiver(false).await;
+    let hooks = json!([{"hook_type": "webhook", "enabled": true, "webhook_url": url, "event_types": ["message.new"]}]);
+    api.patch("/app", &api.server(), json!({"event_hooks": hooks})).await.ok();
+    api.users(&["u1"]).await;
+    let cid = "agent:relayed";
+    api.channel(cid, "u1", &["u1"]).await;
+    let mut first = ServerProcess::start(&db, &[("OFFSHOOT_ROLES", "worker")]).await;
+    let _second = ServerProcess::start(&db, &[("OFFSHOOT_ROLES", "worker")]).await;
+
+    let mut sent = Vec::new();
+    for round in 0..2 {
+        for i in 0..40 {
+            let id = format!("relayed-{round}-{i:02}");
+            let message = json!({"message": {"id": id, "text": format!("message {i}"), "user_id": "u1"}});
+            api.post(&format!("{}/message", channel_path(cid)), &api.server(), message).await.ok();
+            api.post(&format!("/messages/{id}/reaction"), &api.server(), json!({"reaction": {"type": "like", "user_id": "u1"}})).await.ok();
+            sent.push(id);
+        }
+        if round == 0 {
+            first.kill();
+        }
+    }
+
+    let mut webhook_ids: std::collections::HashMap<String, HashSet<String>> = Default::default();
+    let mut log = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while sent.iter().any(|id| !webhook_ids.contains_key(id)) {
+        let missing: Vec<&String> = sent.iter().filter(|id| !webhook_ids.contains_key(*id)).collect();
+        let hook = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("not delivered within {WAIT:?}: {missing:?}"))
+            .expect("the receiver runs");
+        if let Some(id) = hook.body["message"]["id"].as_str() {
+            webhook_ids.entry(id.to_string()).or_default().insert(hook.header("x-webhook-id").to_string());
+        }
+        log.push(hook.body["type"].clone());
+    }
+    // Anything queued twice or unhooked would be in flight now: loopback deliveries take ms.
+    let settle = Instant::now() + std::time::Duration::from_secs(2);
+    while let Ok(Some(hook)) = tokio::time::timeout_at(settle, rx.recv()).await {
+        if let Some(id) = hook.body["message"]["id"].as_str() {
+            webhook_ids.entry(id.to_string()).or_default().insert(hook.header("x-webhook-id").to_string());
+        }
+        log.push(hook.body["type"].clone());
+    }
+    assert!(log.iter().all(|t| *t == json!("message.new")), "only message.new is hooked: {log:?}");
+    for id in &sent {
+        assert_eq!(webhook_ids[id].len(), 1, "{id} was queued more than once: {:?}", webhook_ids[id]);
+    }
+}
