@@ -131,9 +131,6 @@ struct CopySource {
 const COPY_SOURCE_COLS: &str =
     "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments, m.reply_count";
 
-/// The output names of [`COPY_SOURCE_COLS`], for [`rows::fetch_json`].
-const COPY_SOURCE_NAMES: &str = "id, parent_id, quoted_message_id, created_at, text_chars, custom, attachments, reply_count";
-
 /// The columns of [`COPY_SOURCE_COLS`]; custom data and attachments stay text, since only
 /// their sizes are needed.
 #[derive(sqlx::FromRow, serde::Deserialize)]
@@ -168,7 +165,7 @@ impl TryFrom<CopySourceRow> for CopySource {
 
 async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
     // Newest first, as the statement orders them (the JSON read does not keep the order).
-    let rows: Vec<CopySourceRow> = rows::fetch_json(conn, &sql, COPY_SOURCE_NAMES, arguments(binds)?).await?;
+    let rows: Vec<CopySourceRow> = rows::fetch_json(conn, &sql, COPY_SOURCE_COLS, arguments(binds)?).await?;
     let mut sources = rows.into_iter().map(CopySource::try_from).collect::<Result<Vec<_>>>()?;
     sources.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
     Ok(sources)

@@ -1018,7 +1018,7 @@ pub(crate) async fn latest_pages(
         }
     }
     for page in pages.values_mut() {
-        page.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        rows::oldest_first(page);
     }
     Ok(pages)
 }
@@ -1026,7 +1026,7 @@ pub(crate) async fn latest_pages(
 async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool, lim: i64, binds: Vec<Bind>) -> Result<Vec<Message>> {
     let sql = page_sql(&format!("{base}{cond}"), desc, lim);
     let mut msgs = rows::fetch_messages(conn, &sql, arguments(&binds)?).await?;
-    msgs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    rows::oldest_first(&mut msgs);
     Ok(msgs)
 }
 

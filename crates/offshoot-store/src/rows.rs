@@ -12,7 +12,6 @@ use sqlx::any::AnyArguments;
 use sqlx::any::{AnyTypeInfo, AnyTypeInfoKind};
 use sqlx::error::BoxDynError;
 use sqlx::{Any, AnyConnection, AssertSqlSafe, Decode, Type, ValueRef};
-use std::sync::LazyLock;
 
 /// A JSON document kept in a text column.
 #[derive(Debug, Clone, Default)]
@@ -418,33 +417,43 @@ pub(crate) fn all<R, T: From<R>>(rows: Vec<R>) -> Vec<T> {
     rows.into_iter().map(T::from).collect()
 }
 
-/// The rows of `sql` (whose columns are `columns`, comma-separated, in `T`'s field order), read
-/// on SQLite as one JSON array of arrays that SQLite builds. sqlx's SQLite driver hands every
-/// row from its worker thread to the task and its `Any` driver converts every column into an
-/// owned value: 10 of the 16 ms a 750-message Query Channels page spent in its statement
-/// (BENCHMARKS.md, seventh session); one text value crosses instead. PostgreSQL's rows decode in
-/// the task, and building the JSON there was not faster (same place): columns, as usual. The
-/// order of the rows is not kept: callers sort.
-pub(crate) async fn fetch_json<T>(conn: &mut AnyConnection, sql: &str, columns: &str, args: AnyArguments) -> Result<Vec<T>, StoreError>
+/// Messages oldest first, as pages list them (`created_at`, then `id`).
+pub(crate) fn oldest_first(msgs: &mut [Message]) {
+    msgs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+}
+
+/// The rows of `sql`, whose select list is `select` (as written in it, `m.id, LENGTH(m.text) AS
+/// n, …`: no commas inside an expression) in `T`'s field order, read on SQLite as one JSON array
+/// of arrays that SQLite builds. sqlx's SQLite driver hands every row from its worker thread to
+/// the task and its `Any` driver converts every column into an owned value: 10 of the 16 ms a
+/// 750-message Query Channels page spent in its statement (BENCHMARKS.md, seventh session); one
+/// text value crosses instead. PostgreSQL's rows decode in the task, and building the JSON there
+/// was not faster (same place): columns, as usual. The order of the rows is not kept: callers
+/// sort.
+pub(crate) async fn fetch_json<T>(conn: &mut AnyConnection, sql: &str, select: &str, args: AnyArguments) -> Result<Vec<T>, StoreError>
 where
     T: DeserializeOwned + for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
 {
     if conn.backend_name() != "SQLite" {
         return Ok(sqlx::query_as_with(AssertSqlSafe(sql.to_string()), args).fetch_all(crate::counted(&mut *conn)).await?);
     }
-    let values = columns.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
+    let values = select.split(", ").map(|c| format!("t.{}", output_name(c))).collect::<Vec<_>>().join(", ");
     let wrapped = format!("SELECT json_group_array(json_array({values})) FROM ({sql}) AS t");
     let text: String = sqlx::query_scalar_with(AssertSqlSafe(wrapped), args).fetch_one(crate::counted(&mut *conn)).await?;
     serde_json::from_str(&text).map_err(|e| StoreError::Db(sqlx::Error::Decode(Box::new(e))))
 }
 
-/// The output column names of [`MESSAGE_COLS`].
-static MESSAGE_NAMES: LazyLock<String> =
-    LazyLock::new(|| MESSAGE_COLS.split(", ").map(|c| c.trim_start_matches("m.")).collect::<Vec<_>>().join(", "));
+/// The name a select-list item gives its column: its alias, else the column without its table.
+fn output_name(item: &str) -> &str {
+    match item.rsplit_once(" AS ") {
+        Some((_, alias)) => alias,
+        None => item.rsplit_once('.').map_or(item, |(_, column)| column),
+    }
+}
 
 /// The messages of `sql`, a statement whose columns are [`MESSAGE_COLS`], through [`fetch_json`].
 pub(crate) async fn fetch_messages(conn: &mut AnyConnection, sql: &str, args: AnyArguments) -> Result<Vec<Message>, StoreError> {
-    Ok(all(fetch_json::<MessageRow>(conn, sql, &MESSAGE_NAMES, args).await?))
+    Ok(all(fetch_json::<MessageRow>(conn, sql, MESSAGE_COLS, args).await?))
 }
 
 /// `$first, $first+1, …` for `n` values.

@@ -151,9 +151,9 @@ async fn read_states_of(
     let mut out: HashMap<String, Vec<ReadState>> = HashMap::new();
     for chunk in cids.chunks(100) {
         let sql = per_channel(backend, chunk.len(), |cid| read_states_sql(cid, &limit.to_string()));
-        let columns = "cid, user_id, last_read, last_read_message_id, unread_messages";
+        let select = "cid, user_id, last_read, last_read_message_id, unread_messages";
         for (cid, user_id, last_read, last_read_message_id, unread_messages) in
-            rows::fetch_json::<Row>(conn, &sql, columns, cid_arguments(chunk)?).await?
+            rows::fetch_json::<Row>(conn, &sql, select, cid_arguments(chunk)?).await?
         {
             out.entry(cid).or_default().push(ReadState { user_id, last_read, last_read_message_id, unread_messages });
         }
@@ -230,7 +230,7 @@ async fn latest_and_pinned_lateral(
         messages_by_cid(conn, lateral(&keys, "cid, after", &pins_sql("k.cid", &vis)), &binds, &mut pinned).await?;
     }
     for page in messages.values_mut() {
-        page.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        rows::oldest_first(page);
     }
     Ok((messages, pinned))
 }
