@@ -2,7 +2,7 @@
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
 use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
-use crate::messages::{arguments, ensure_user, load_message, lock_channel, Bind};
+use crate::messages::{arguments, ensure_users, load_message, lock_channel, Bind};
 use crate::rows::{self, placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
@@ -117,56 +117,43 @@ enum CopyFailure {
 
 /// What the copy needs to know of a source message before copying it; the row itself is
 /// copied by the database (`INSERT … SELECT`), never decoded here.
+#[derive(sqlx::FromRow, serde::Deserialize)]
 struct CopySource {
     id: String,
     parent_id: Option<String>,
     quoted_message_id: Option<String>,
     created_at: i64,
     text_chars: i64,
-    custom_bytes: usize,
-    attachments: usize,
-    has_replies: bool,
-}
-
-const COPY_SOURCE_COLS: &str =
-    "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, m.custom, m.attachments, m.reply_count";
-
-/// The columns of [`COPY_SOURCE_COLS`]; custom data and attachments stay text, since only
-/// their sizes are needed.
-#[derive(sqlx::FromRow, serde::Deserialize)]
-struct CopySourceRow {
-    id: String,
-    parent_id: Option<String>,
-    quoted_message_id: Option<String>,
-    created_at: i64,
-    text_chars: i64,
-    custom: String,
-    attachments: String,
+    custom_bytes: i64,
+    attachments: i64,
     reply_count: i64,
+    restricted: Flag,
 }
 
-impl TryFrom<CopySourceRow> for CopySource {
-    type Error = crate::StoreError;
-
-    fn try_from(r: CopySourceRow) -> Result<CopySource> {
-        Ok(CopySource {
-            id: r.id,
-            parent_id: r.parent_id,
-            quoted_message_id: r.quoted_message_id,
-            created_at: r.created_at,
-            text_chars: r.text_chars,
-            // Stored custom data is the serialised object itself, so its length is its size.
-            custom_bytes: r.custom.len(),
-            attachments: if r.attachments == "[]" { 0 } else { serde_json::from_str::<Vec<Value>>(&r.attachments)?.len() },
-            has_replies: r.reply_count > 0,
-        })
+/// The columns of [`CopySource`]: only the sizes of the text, custom data and attachments are
+/// read, never their content (stored custom data is the serialised object itself, so its length
+/// in bytes is its size).
+fn copy_source_cols(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => {
+            "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, \
+             LENGTH(CAST(m.custom AS BLOB)) AS custom_bytes, json_array_length(m.attachments) AS attachments, m.reply_count, \
+             m.restricted_visibility <> '[]' AS restricted"
+        }
+        Backend::Postgres => {
+            "m.id, m.parent_id, m.quoted_message_id, m.created_at, LENGTH(m.text) AS text_chars, \
+             OCTET_LENGTH(m.custom) AS custom_bytes, CASE WHEN m.attachments = '[]' THEN 0 ELSE json_array_length(m.attachments::json) END AS attachments, \
+             m.reply_count, m.restricted_visibility <> '[]' AS restricted"
+        }
     }
 }
 
-async fn fetch_sources(conn: &mut AnyConnection, sql: String, binds: &[Bind]) -> Result<Vec<CopySource>> {
+/// The sources `sql` selects (its select list written `{cols}`), newest first.
+async fn fetch_sources(tx: &mut Tx, sql: &str, binds: &[Bind]) -> Result<Vec<CopySource>> {
+    let cols = copy_source_cols(tx.backend);
+    let sql = sql.replace("{cols}", cols);
+    let mut sources: Vec<CopySource> = rows::fetch_json(&mut tx.tx, &sql, cols, arguments(binds)?).await?;
     // Newest first, as the statement orders them (the JSON read does not keep the order).
-    let rows: Vec<CopySourceRow> = rows::fetch_json(conn, &sql, COPY_SOURCE_COLS, arguments(binds)?).await?;
-    let mut sources = rows.into_iter().map(CopySource::try_from).collect::<Result<Vec<_>>>()?;
     sources.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
     Ok(sources)
 }
@@ -184,6 +171,111 @@ fn params(backend: Backend, first: usize, n: usize) -> String {
 /// one statement of each kind): 4 bound values a row, well inside both engines' limits.
 const COPY_CHUNK: usize = 1000;
 
+/// One planned copy: (source id, copy id, parent copy id, quoted copy id).
+type Copy = (String, String, Option<String>, Option<String>);
+
+/// What a page copies, in order, up to the first message that cannot be copied.
+struct CopyPlan {
+    copies: Vec<Copy>,
+    /// Copies whose `reply_count` may change: copies of sources with replies (some may have been
+    /// copied by earlier pages); the parents of copied replies are added after the copy.
+    recount: Vec<String>,
+    /// Copies of sources with restricted visibility (most pages have none).
+    restricted: bool,
+    newest: i64,
+    failure: Option<CopyFailure>,
+}
+
+/// Plans the copy of `sources` (newest first), skipping those already copied by this fork and
+/// stopping at the first that cannot be copied: its id taken by another message (`taken`:
+/// copy id → the cid and source of the message holding it) or too large.
+fn plan_copies(
+    fork_cid: &str,
+    sources: &[CopySource],
+    copy_ids: &[String],
+    taken: &HashMap<String, (String, Option<String>)>,
+    exclude_attachments: bool,
+    limits: SizeLimits,
+) -> CopyPlan {
+    let mut plan =
+        CopyPlan { copies: Vec::with_capacity(sources.len()), recount: Vec::new(), restricted: false, newest: i64::MIN, failure: None };
+    for (src, copy_id) in sources.iter().zip(copy_ids) {
+        if let Some((cid, source_id)) = taken.get(copy_id) {
+            if cid == fork_cid && source_id.as_deref() == Some(src.id.as_str()) {
+                continue;
+            }
+            plan.failure = Some(CopyFailure::IdTaken);
+            break;
+        }
+        if !limits.fits_sizes(src.text_chars, src.custom_bytes as usize, if exclude_attachments { 0 } else { src.attachments as usize }) {
+            plan.failure = Some(CopyFailure::TooLarge);
+            break;
+        }
+        plan.newest = plan.newest.max(src.created_at);
+        plan.restricted |= src.restricted.0;
+        if src.reply_count > 0 {
+            plan.recount.push(copy_id.clone());
+        }
+        plan.copies.push((
+            src.id.clone(),
+            copy_id.clone(),
+            src.parent_id.as_ref().map(|p| ids::copy_id(fork_cid, p)),
+            src.quoted_message_id.as_ref().map(|q| ids::copy_id(fork_cid, q)),
+        ));
+    }
+    plan
+}
+
+/// Copy ids among `copy_ids` that a message holds already: copy id → its cid and source.
+async fn taken_ids(tx: &mut Tx, copy_ids: &[String]) -> Result<HashMap<String, (String, Option<String>)>> {
+    let mut taken = HashMap::new();
+    for chunk in copy_ids.chunks(COPY_CHUNK) {
+        let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(tx.backend, 1, chunk.len()));
+        let mut q = sqlx::query_as::<_, (String, String, Option<String>)>(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        for (id, cid, source_id) in q.fetch_all(crate::counted(&mut *tx.tx)).await? {
+            taken.insert(id, (cid, source_id));
+        }
+    }
+    Ok(taken)
+}
+
+/// Inserts the copies' message rows; the database copies everything but the ids from the source
+/// row, and skips a copy whose id is taken. Returns the rows inserted.
+async fn insert_copies(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    fork_cid: &str,
+    copies: &[Copy],
+    exclude_attachments: bool,
+) -> Result<u64> {
+    let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
+    let mut inserted = 0;
+    for chunk in copies.chunks(COPY_CHUNK) {
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
+        // `WHERE TRUE`: SQLite reads an `ON` after a join as the join's (SQLite's UPSERT docs).
+        let sql = format!(
+            "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
+             attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, reply_count, \
+             deleted_reply_count, created_at, updated_at, message_text_updated_at, source_cid, source_message_id) \
+             SELECT v.column2, {p1}, m.user_id, m.type, m.text, m.html, m.mml, m.command, v.column3, m.show_in_channel, v.column4, \
+             {attachments}, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, FALSE, FALSE, 0, \
+             0, m.created_at, m.updated_at, m.message_text_updated_at, m.cid, m.id \
+             FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1 WHERE TRUE ON CONFLICT (id) DO NOTHING",
+            p1 = params(backend, 1, 1),
+            values = values.join(", "),
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
+        for (src, copy, parent, quoted) in chunk {
+            q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
+        }
+        inserted += q.execute(crate::counted(&mut *conn)).await?.rows_affected();
+    }
+    Ok(inserted)
+}
+
 /// Copies `sources` (newest first) into the fork. Stops at the first message that cannot be
 /// copied and returns the failure; what was copied before it stays.
 async fn copy_messages(
@@ -195,85 +287,41 @@ async fn copy_messages(
     map: &mut Map<String, Value>,
 ) -> Result<(i64, Option<CopyFailure>)> {
     let backend = tx.backend;
-    // Copy ids already taken: by an earlier page or attempt of this fork (skip), or by another
-    // message (the fork fails).
     let copy_ids: Vec<String> = sources.iter().map(|m| ids::copy_id(fork_cid, &m.id)).collect();
-    let mut taken: HashMap<String, (String, Option<String>)> = HashMap::new();
-    for chunk in copy_ids.chunks(COPY_CHUNK) {
-        let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(backend, 1, chunk.len()));
-        let mut q = sqlx::query_as::<_, (String, String, Option<String>)>(AssertSqlSafe(sql));
-        for id in chunk {
-            q = q.bind(id.clone());
-        }
-        for (id, cid, source_id) in q.fetch_all(crate::counted(&mut *tx.tx)).await? {
-            taken.insert(id, (cid, source_id));
-        }
+    // A copy id is rarely taken (by a copy an earlier attempt made, or by another message, which
+    // fails the fork), and looking every id up cost a page as much as reading its sources: copy
+    // as if none were, under a savepoint, and only when a row was skipped undo that and plan
+    // again knowing which are taken.
+    let mut plan = plan_copies(fork_cid, sources, &copy_ids, &HashMap::new(), exclude_attachments, limits);
+    let mut savepoint = sqlx::Connection::begin(&mut *tx.tx).await?;
+    let inserted = insert_copies(&mut savepoint, backend, fork_cid, &plan.copies, exclude_attachments).await?;
+    if inserted == plan.copies.len() as u64 {
+        savepoint.commit().await?;
+    } else {
+        savepoint.rollback().await?;
+        let taken = taken_ids(tx, &copy_ids).await?;
+        plan = plan_copies(fork_cid, sources, &copy_ids, &taken, exclude_attachments, limits);
+        insert_copies(&mut tx.tx, backend, fork_cid, &plan.copies, exclude_attachments).await?;
     }
-    // (source id, copy id, parent copy id, quoted copy id)
-    let mut plan: Vec<(String, String, Option<String>, Option<String>)> = Vec::with_capacity(sources.len());
-    // Copies whose `reply_count` may have changed: parents of copied replies, and copies of
-    // sources with replies (some may have been copied by earlier pages).
-    let mut recount: Vec<String> = Vec::new();
-    let mut newest = i64::MIN;
-    let mut failure = None;
-    for (src, copy_id) in sources.iter().zip(copy_ids) {
-        if let Some((cid, source_id)) = taken.get(&copy_id) {
-            if cid == fork_cid && source_id.as_deref() == Some(src.id.as_str()) {
-                continue;
+    if plan.restricted {
+        // Restricted visibility rows of the copies.
+        for chunk in plan.copies.chunks(COPY_CHUNK) {
+            let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 1 + i * 2, 2))).collect();
+            let sql = format!(
+                "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) \
+                 SELECT v.column2, r.user_id, r.created_at, r.updated_at FROM (VALUES {}) AS v JOIN message_restricted r ON r.message_id = v.column1",
+                values.join(", ")
+            );
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for (src, copy, _, _) in chunk {
+                q = q.bind(src.clone()).bind(copy.clone());
             }
-            failure = Some(CopyFailure::IdTaken);
-            break;
+            q.execute(crate::counted(&mut *tx.tx)).await?;
         }
-        if !limits.fits_sizes(src.text_chars, src.custom_bytes, if exclude_attachments { 0 } else { src.attachments }) {
-            failure = Some(CopyFailure::TooLarge);
-            break;
-        }
-        newest = newest.max(src.created_at);
-        if src.has_replies {
-            recount.push(copy_id.clone());
-        }
-        plan.push((
-            src.id.clone(),
-            copy_id,
-            src.parent_id.as_ref().map(|p| ids::copy_id(fork_cid, p)),
-            src.quoted_message_id.as_ref().map(|q| ids::copy_id(fork_cid, q)),
-        ));
     }
-    // The database copies the rows: everything but the ids is taken from the source row.
-    let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
-    for chunk in plan.chunks(COPY_CHUNK) {
-        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
-        let sql = format!(
-            "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
-             attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, reply_count, \
-             deleted_reply_count, created_at, updated_at, message_text_updated_at, source_cid, source_message_id) \
-             SELECT v.column2, {p1}, m.user_id, m.type, m.text, m.html, m.mml, m.command, v.column3, m.show_in_channel, v.column4, \
-             {attachments}, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, FALSE, FALSE, 0, \
-             0, m.created_at, m.updated_at, m.message_text_updated_at, m.cid, m.id \
-             FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1",
-            p1 = params(backend, 1, 1),
-            values = values.join(", "),
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
-        for (src, copy, parent, quoted) in chunk {
-            q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
-        }
-        q.execute(crate::counted(&mut *tx.tx)).await?;
-        // Restricted visibility rows of the copies (few messages have any).
-        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 1 + i * 2, 2))).collect();
-        let sql = format!(
-            "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) \
-             SELECT v.column2, r.user_id, r.created_at, r.updated_at FROM (VALUES {}) AS v JOIN message_restricted r ON r.message_id = v.column1",
-            values.join(", ")
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for (src, copy, _, _) in chunk {
-            q = q.bind(src.clone()).bind(copy.clone());
-        }
-        q.execute(crate::counted(&mut *tx.tx)).await?;
-    }
-    let copied = plan.len() as i64;
-    for (src, copy, parent, _) in plan {
+    let copied = plan.copies.len() as i64;
+    let mut recount = plan.recount;
+    for (src, copy, parent, _) in plan.copies {
         recount.extend(parent);
         map.insert(src, Value::String(copy));
     }
@@ -295,12 +343,12 @@ async fn copy_messages(
     if copied > 0 {
         sqlx::query("UPDATE channel SET message_count = message_count + $1, last_message_at = CASE WHEN last_message_at IS NULL OR last_message_at < $2 THEN $2 ELSE last_message_at END WHERE cid = $3")
             .bind(copied)
-            .bind(newest)
+            .bind(plan.newest)
             .bind(fork_cid.to_string())
             .execute(crate::counted(&mut *tx.tx))
             .await?;
     }
-    Ok((copied, failure))
+    Ok((copied, plan.failure))
 }
 
 fn failure_reason(f: &CopyFailure) -> &'static str {
@@ -415,7 +463,7 @@ impl Store {
         let members = check_limits(&mut tx, req, &source).await?;
         let creator = create_fork_channel(&mut tx, req, &source, &point, &fork_cid, &members).await?;
         let (map, failure, nothing_left) = copy_newest_page(&mut tx, req, &source, &point, &fork_cid).await?;
-        announce_created(&mut tx, &fork_cid, creator).await?;
+        let announced = announce_created(&mut tx, &fork_cid, creator).await?;
         let finished = failure.is_some() || nothing_left;
         match failure {
             Some(f) => finish(&mut tx, &fork_cid, Some(failure_reason(&f))).await?,
@@ -429,7 +477,8 @@ impl Store {
                 .execute(crate::counted(&mut *tx.tx))
                 .await?;
         }
-        let channel = reload(&mut tx, &fork_cid).await?;
+        // A fork finished now changed its row since the announcement read the channel.
+        let channel = if finished { reload(&mut tx, &fork_cid).await? } else { announced };
         tx.commit(self).await?;
         let Some(fork) = channel.fork.clone() else { return not_found(format!("channel {fork_cid:?} is not a fork")) };
         Ok(ForkOutcome { fork, channel, message_id_map: map, created: true })
@@ -565,13 +614,12 @@ async fn create_fork_channel(
 ) -> Result<Option<User>> {
     let now = time::now();
     let creator_id = req.created_by_id.clone().or_else(|| source.created_by_id.clone());
-    let creator = match &creator_id {
-        Some(id) => Some(ensure_user(tx, &User::placeholder(id, "user")).await?),
-        None => None,
-    };
-    for m in members {
-        ensure_user(tx, &User::placeholder(&m.user_id, "user")).await?;
+    let ids: Vec<String> = creator_id.iter().cloned().chain(members.iter().map(|m| m.user_id.clone())).collect();
+    let mut users = ensure_users(tx, &ids, "user").await?;
+    if let Some(missing) = ids.iter().find(|id| !users.contains_key(*id)) {
+        return not_found(format!("user {missing:?} was deleted while it was used"));
     }
+    let creator = creator_id.as_ref().and_then(|id| users.remove(id));
     let new = NewChannel {
         kind: source.kind.clone(),
         id: req.target_id.clone(),
@@ -598,16 +646,22 @@ async fn create_fork_channel(
     if !insert_channel_row(tx, fork_cid, &new, now).await? {
         return Err(crate::StoreError::Conflict(format!("channel {fork_cid:?} was created concurrently")));
     }
-    for m in members {
-        let role = m.channel_role.clone().unwrap_or_else(|| "channel_member".into());
-        sqlx::query("INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (cid, user_id) DO NOTHING")
-            .bind(fork_cid.to_string())
-            .bind(m.user_id.clone())
-            .bind(role)
-            .bind(serde_json::to_string(&m.custom)?)
-            .bind(now)
-            .execute(crate::counted(&mut *tx.tx))
-            .await?;
+    // The members, in one statement (at most `MAX_MEMBERS`).
+    if !members.is_empty() {
+        let values: Vec<String> =
+            (0..members.len()).map(|i| format!("($1, ${}, ${}, ${}, $2, $2)", 3 + i * 3, 4 + i * 3, 5 + i * 3)).collect();
+        let sql = format!(
+            "INSERT INTO member (cid, user_id, channel_role, custom, created_at, updated_at) VALUES {} ON CONFLICT (cid, user_id) DO NOTHING",
+            values.join(", ")
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string()).bind(now);
+        for m in members {
+            q = q
+                .bind(m.user_id.clone())
+                .bind(m.channel_role.clone().unwrap_or_else(|| "channel_member".into()))
+                .bind(serde_json::to_string(&m.custom)?);
+        }
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     let task_id = uuid::Uuid::now_v7().to_string();
     sqlx::query("INSERT INTO fork (cid, source_cid, source_message_id, status, task_id, created_by_id, exclude_attachments, point_created_at, cursor_created_at, cursor_id, created_at, updated_at) VALUES ($1, $2, $3, 'backfilling', $4, $5, $6, $7, $7, $8, $9, $9)")
@@ -636,7 +690,15 @@ async fn copy_newest_page(
     fork_cid: &str,
 ) -> Result<(Map<String, Value>, Option<CopyFailure>, bool)> {
     let binds = eligible_binds(&source.cid, source.truncated_at, (point.created_at, &point.id), None);
-    let top = fetch_sources(&mut tx.tx, format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}", plan::PAGE_TOP_LEVEL), &binds).await?;
+    let top = fetch_sources(
+        tx,
+        &format!(
+            "SELECT {{cols}} FROM message m WHERE {ELIGIBLE} AND m.parent_id IS NULL ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
+            plan::PAGE_TOP_LEVEL
+        ),
+        &binds,
+    )
+    .await?;
     let mut replies = Vec::new();
     if !top.is_empty() {
         // The parents are the eligible page itself, so only the replies' own visibility is
@@ -644,13 +706,13 @@ async fn copy_newest_page(
         let mut b = vec![Bind::I(source.truncated_at.unwrap_or(i64::MIN)), Bind::I(point.created_at), Bind::S(point.id.clone())];
         b.extend(top.iter().map(|m| Bind::S(m.id.clone())));
         let sql = format!(
-            "SELECT {COPY_SOURCE_COLS} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
+            "SELECT {{cols}} FROM message m WHERE m.parent_id IN ({}) AND m.hidden_at IS NULL AND m.created_at > $1 \
              AND m.deleted_at IS NULL AND m.shadowed = FALSE AND m.type NOT IN ('deleted', 'ephemeral', 'error') \
              AND (m.created_at, m.id) <= ($2, $3) ORDER BY m.created_at DESC, m.id DESC LIMIT {}",
             placeholders(4, top.len()),
             plan::PAGE_REPLIES
         );
-        replies = fetch_sources(&mut tx.tx, sql, &b).await?;
+        replies = fetch_sources(tx, &sql, &b).await?;
     }
     let nothing_left = (top.len() as i64) < plan::PAGE_TOP_LEVEL && (replies.len() as i64) < plan::PAGE_REPLIES;
     let mut page: Vec<CopySource> = top.into_iter().chain(replies).collect();
@@ -667,7 +729,8 @@ async fn copy_newest_page(
 }
 
 /// `channel.created` for the fork and `notification.added_to_channel` for each member, once.
-async fn announce_created(tx: &mut Tx, fork_cid: &str, creator: Option<User>) -> Result<()> {
+/// Returns the fork's channel as announced.
+async fn announce_created(tx: &mut Tx, fork_cid: &str, creator: Option<User>) -> Result<Channel> {
     let channel = reload(tx, fork_cid).await?;
     let mut ev = event_for("channel.created", &channel, creator.clone());
     ev.channel = Some(channel.clone());
@@ -680,7 +743,7 @@ async fn announce_created(tx: &mut Tx, fork_cid: &str, creator: Option<User>) ->
         note.member = Some(m);
         tx.event(note, Audience { watchers_of: None, users: vec![uid], webhooks: false, ..Default::default() }).await?;
     }
-    Ok(())
+    Ok(channel)
 }
 
 impl Store {
@@ -900,8 +963,8 @@ async fn copy_next_page(
     let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary);
     binds.push(Bind::I(cursor.0));
     binds.push(Bind::S(cursor.1.clone()));
-    let sql = format!("SELECT {COPY_SOURCE_COLS} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
-    let page = fetch_sources(&mut tx.tx, sql, &binds).await?;
+    let sql = format!("SELECT {{cols}} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
+    let page = fetch_sources(tx, &sql, &binds).await?;
     let limits = SizeLimits::for_max_message_length(source.max_message_length());
     let mut map = Map::new();
     let (copied, failure) = copy_messages(tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;

@@ -98,7 +98,7 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{Any, AnyPool, Executor, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedMutexGuard};
+use tokio::sync::{Notify, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -245,6 +245,10 @@ pub struct Store {
     /// spinning on `SQLITE_BUSY`, requests ahead of backfill pages (`writer.rs`). Other
     /// processes on the same file still meet busy_timeout.
     write_lock: Option<Arc<writer::WriteLock>>,
+    /// PostgreSQL: background pages (fork backfills) running at once in this process, at most
+    /// half the cores. A page is one busy database process for tens of milliseconds; four at
+    /// once on two cores left requests' statements queueing for a core (BENCHMARKS.md, figure c).
+    background_turns: Option<Arc<Semaphore>>,
     /// SQLite: the one connection this process's write transactions run on (see
     /// [`Store::begin_with`]); `None` on PostgreSQL, whose writers use `pool`.
     writer: Option<AnyPool>,
@@ -266,7 +270,15 @@ pub(crate) struct Tx {
     backend: Backend,
     events: Vec<(offshoot_core::model::Event, offshoot_core::model::Audience)>,
     pub(crate) cache: Arc<cache::ConfigCache>,
-    _guard: Option<OwnedMutexGuard<()>>,
+    _guard: Option<Turn>,
+}
+
+/// What a transaction holds until it ends, besides its connection.
+enum Turn {
+    /// SQLite's write lock (`writer.rs`).
+    Writer { _lock: OwnedMutexGuard<()> },
+    /// PostgreSQL: a background page's turn ([`Store::background_turns`]).
+    Background { _turn: OwnedSemaphorePermit },
 }
 
 impl Tx {
@@ -416,6 +428,10 @@ impl Store {
             pool,
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default())),
+            background_turns: (backend == Backend::Postgres).then(|| {
+                let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+                Arc::new(Semaphore::new((cores / 2).max(1)))
+            }),
             writer,
             events: Arc::new(Notify::new()),
             announce,
@@ -484,7 +500,7 @@ impl Store {
     /// A write transaction of a request.
     pub(crate) async fn begin(&self) -> Result<Tx> {
         let guard = match &self.write_lock {
-            Some(lock) => Some(lock.request().await),
+            Some(lock) => Some(Turn::Writer { _lock: lock.request().await }),
             None => None,
         };
         self.begin_with(guard).await
@@ -497,12 +513,24 @@ impl Store {
         self.write_lock.as_ref().map(|lock| lock.request_waits())
     }
 
+    /// On SQLite, how long ago a request transaction last took the one write lock (`None` when
+    /// none has, and on PostgreSQL). A backfill that starts while requests are writing starts
+    /// with a small page.
+    pub fn since_last_request_write(&self) -> Option<std::time::Duration> {
+        let at = self.write_lock.as_ref()?.last_request_at()?;
+        Some(std::time::Duration::from_nanos(offshoot_core::time::now().saturating_sub(at).max(0) as u64))
+    }
+
     /// A write transaction of background work (a backfill page), which on SQLite lets waiting
-    /// requests go first (`writer.rs`).
+    /// requests go first (`writer.rs`) and on PostgreSQL waits for its turn among this process's
+    /// pages ([`Store::background_turns`]).
     pub(crate) async fn begin_background(&self) -> Result<Tx> {
-        let guard = match &self.write_lock {
-            Some(lock) => Some(lock.background().await),
-            None => None,
+        let guard = match (&self.write_lock, &self.background_turns) {
+            (Some(lock), _) => Some(Turn::Writer { _lock: lock.background().await }),
+            (None, Some(turns)) => {
+                Some(Turn::Background { _turn: turns.clone().acquire_owned().await.expect("the turns are never closed") })
+            }
+            (None, None) => None,
         };
         self.begin_with(guard).await
     }
@@ -513,7 +541,7 @@ impl Store {
     /// is tried again every millisecond for up to [`SQLITE_BUSY_WAIT`]. SQLite's own busy handler
     /// sleeps 1, 2, 5, 10, … ms between tries, so a request that met a job-row write of a
     /// millisecond slept for up to 8 ms while holding the write lock (BENCHMARKS.md, issue 6).
-    async fn begin_with(&self, guard: Option<OwnedMutexGuard<()>>) -> Result<Tx> {
+    async fn begin_with(&self, guard: Option<Turn>) -> Result<Tx> {
         let tx = match &self.writer {
             Some(writer) => {
                 let deadline = tokio::time::Instant::now() + SQLITE_BUSY_WAIT;

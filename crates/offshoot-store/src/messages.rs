@@ -6,7 +6,7 @@ use crate::channels::{
 };
 use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
-use crate::{domain, not_found, Result, Store, Tx};
+use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use sqlx::any::AnyArguments;
@@ -82,6 +82,21 @@ pub(crate) fn visible_after(viewer: &Viewer, after: &str, binds: &mut Vec<Bind>)
     sql
 }
 
+/// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first. SQLite is told to
+/// use the index of pins (`message_pinned`, migration 0009): without statistics it preferred
+/// the channel's `created_at` index for the visibility's `created_at > …` and walked every
+/// message of the channel (BENCHMARKS.md, seventh session).
+pub(crate) fn pins_sql(backend: Backend, cid: &str, vis: &str, limit: i64) -> String {
+    let indexed = match backend {
+        Backend::Sqlite => " INDEXED BY message_pinned",
+        Backend::Postgres => "",
+    };
+    format!(
+        "SELECT {MESSAGE_COLS} FROM message m{indexed} WHERE m.cid = {cid} AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} \
+         ORDER BY m.pinned_at DESC LIMIT {limit}"
+    )
+}
+
 /// The SQL condition that the message `message_id` (a column) lists `user` (a column or a
 /// placeholder) in its restricted visibility: an exact match on the (message, user) table.
 pub(crate) fn restricted_to(message_id: &str, user: &str) -> String {
@@ -131,7 +146,7 @@ impl Store {
         let mut conn = self.pool().acquire().await?;
         let mut binds = vec![Bind::S(ch.cid.clone())];
         let vis = visible_to(viewer, ch.truncated_at, &mut binds);
-        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = $1 AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} ORDER BY m.pinned_at DESC LIMIT {limit}");
+        let sql = pins_sql(self.backend, "$1", &vis, limit);
         let rows: Vec<MessageRow> =
             sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
         let mut msgs: Vec<Message> = rows::all(rows);
@@ -724,21 +739,37 @@ pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Chan
 
 /// Creates the user on first sight (server-side calls may name users they never upserted).
 pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
-    if let Some(u) = load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id) {
-        return Ok(u);
-    }
-    let now = time::now();
-    let role = if user.role.is_empty() { "user".to_string() } else { user.role.clone() };
-    sqlx::query("INSERT INTO app_user (id, role, created_at, updated_at) VALUES ($1, $2, $3, $3) ON CONFLICT (id) DO NOTHING")
-        .bind(user.id.clone())
-        .bind(role)
-        .bind(now)
-        .execute(crate::counted(&mut *tx.tx))
-        .await?;
-    match load_users(&mut tx.tx, std::slice::from_ref(&user.id)).await?.remove(&user.id) {
+    let role = if user.role.is_empty() { "user" } else { user.role.as_str() };
+    let mut users = ensure_users(tx, std::slice::from_ref(&user.id), role).await?;
+    match users.remove(&user.id) {
         Some(u) => Ok(u),
         None => not_found(format!("user {:?} was deleted while it was used", user.id)),
     }
+}
+
+/// The users `ids`, each created with `role` first when it does not exist: one read when they
+/// all exist (a fork names its creator and every member).
+pub(crate) async fn ensure_users(tx: &mut Tx, ids: &[String], role: &str) -> Result<HashMap<String, User>> {
+    let mut users = load_users(&mut tx.tx, ids).await?;
+    let mut missing: Vec<String> = ids.iter().filter(|id| !users.contains_key(*id)).cloned().collect();
+    if missing.is_empty() {
+        return Ok(users);
+    }
+    missing.sort();
+    missing.dedup();
+    let now = time::now();
+    for chunk in missing.chunks(500) {
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("(${}, $1, $2, $2)", i + 3)).collect();
+        let sql =
+            format!("INSERT INTO app_user (id, role, created_at, updated_at) VALUES {} ON CONFLICT (id) DO NOTHING", values.join(", "));
+        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(role.to_string()).bind(now);
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        q.execute(crate::counted(&mut *tx.tx)).await?;
+    }
+    users.extend(load_users(&mut tx.tx, &missing).await?);
+    Ok(users)
 }
 
 pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User) -> Result<Message> {

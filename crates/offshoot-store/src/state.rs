@@ -4,8 +4,8 @@
 
 use crate::channels::read_states_sql;
 use crate::channels::ReadState;
-use crate::messages::{arguments, hydrate_messages_of, latest_pages, page_sql, union_all, visible_after, visible_to, Bind, Page};
-use crate::rows::{self, placeholders, MemberRow, MEMBER_COLS, MESSAGE_COLS};
+use crate::messages::{arguments, hydrate_messages_of, latest_pages, page_sql, pins_sql, union_all, visible_after, visible_to, Bind, Page};
+use crate::rows::{self, placeholders, MemberRow, MEMBER_COLS};
 use crate::users::load_users;
 use crate::{counted, Backend, Result, Store};
 use offshoot_core::model::{Channel, Member, Message, Viewer};
@@ -196,7 +196,7 @@ async fn latest_and_pinned_union(
         let c = binds.len();
         let vis = visible_to(viewer, ch.truncated_at, &mut binds);
         main.push((ch.cid.clone(), format!("m.cid = ${c} AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}")));
-        pins.push(pins_sql(&format!("${c}"), &vis));
+        pins.push(pins_sql(Backend::Sqlite, &format!("${c}"), &vis, PINNED_LIMIT));
     }
     let messages = latest_pages(conn, &main, &binds, lim, |m| m.cid.clone()).await?;
     let mut pinned: HashMap<String, Vec<Message>> = HashMap::new();
@@ -227,7 +227,8 @@ async fn latest_and_pinned_lateral(
         let keys = keys.join(", ");
         let main = page_sql(&format!("m.cid = k.cid AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}"), true, lim);
         messages_by_cid(conn, lateral(&keys, "cid, after", &main), &binds, &mut messages).await?;
-        messages_by_cid(conn, lateral(&keys, "cid, after", &pins_sql("k.cid", &vis)), &binds, &mut pinned).await?;
+        messages_by_cid(conn, lateral(&keys, "cid, after", &pins_sql(Backend::Postgres, "k.cid", &vis, PINNED_LIMIT)), &binds, &mut pinned)
+            .await?;
     }
     for page in messages.values_mut() {
         rows::oldest_first(page);
@@ -247,12 +248,4 @@ async fn messages_by_cid(conn: &mut AnyConnection, sql: String, binds: &[Bind], 
         into.entry(m.cid.clone()).or_default().push(m);
     }
     Ok(())
-}
-
-/// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first.
-fn pins_sql(cid: &str, vis: &str) -> String {
-    format!(
-        "SELECT {MESSAGE_COLS} FROM message m WHERE m.cid = {cid} AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} \
-         ORDER BY m.pinned_at DESC LIMIT {PINNED_LIMIT}"
-    )
 }

@@ -8,11 +8,13 @@
 //!
 //! The lock also counts the requests that had to wait for it ([`WriteLock::request_waits`]):
 //! a backfill page that no request waited for may stay large, one that delayed a request
-//! makes the next one smaller (the worker's page sizing).
+//! makes the next one smaller (the worker's page sizing), and it keeps when a request last took
+//! it ([`WriteLock::last_request_at`]): a backfill that starts while requests are writing starts
+//! with a small page.
 //!
 //! PostgreSQL has no such lock: its writers meet on row locks only.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
@@ -29,6 +31,8 @@ pub(crate) struct WriteLock {
     none_waiting: Notify,
     /// Requests so far that found the lock taken.
     waits: AtomicU64,
+    /// When a request last took the lock (Unix nanoseconds; 0: never).
+    last_request_at: AtomicI64,
 }
 
 /// Counts one waiting request for as long as it waits (also when its future is dropped).
@@ -46,13 +50,22 @@ impl WriteLock {
     /// The lock for a request's transaction: in arrival order among requests, ahead of any
     /// background page that has not started.
     pub(crate) async fn request(&self) -> OwnedMutexGuard<()> {
-        if let Ok(free) = self.lock.clone().try_lock_owned() {
-            return free;
-        }
-        self.waits.fetch_add(1, Ordering::AcqRel);
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        let _waiting = Waiting(self);
-        self.lock.clone().lock_owned().await
+        let guard = match self.lock.clone().try_lock_owned() {
+            Ok(free) => free,
+            Err(_) => {
+                self.waits.fetch_add(1, Ordering::AcqRel);
+                self.waiting.fetch_add(1, Ordering::AcqRel);
+                let _waiting = Waiting(self);
+                self.lock.clone().lock_owned().await
+            }
+        };
+        self.last_request_at.store(offshoot_core::time::now(), Ordering::Release);
+        guard
+    }
+
+    /// When a request last took the lock (Unix nanoseconds), if one has.
+    pub(crate) fn last_request_at(&self) -> Option<i64> {
+        Some(self.last_request_at.load(Ordering::Acquire)).filter(|&t| t > 0)
     }
 
     /// How many requests so far found the lock taken and waited.

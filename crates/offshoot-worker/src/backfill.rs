@@ -79,7 +79,7 @@ pub async fn run_job(job: BackfillJob, shared: Data<Arc<Shared>>) -> Result<(), 
 async fn run(job: BackfillJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
     let policy = &shared.backfill;
     let cid = job.fork_cid.as_str();
-    let mut size = policy.page_size;
+    let mut size = first_page_size(shared.store.since_last_request_write(), policy);
     loop {
         if shared.shutdown.is_cancelled() {
             // Hand the rest to whichever worker runs next (this one after a restart).
@@ -126,6 +126,20 @@ async fn run(job: BackfillJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
 
 /// The smallest page, whatever the time: below it a page is mostly its fixed cost.
 pub const MIN_PAGE: i64 = 20;
+
+/// Requests that took SQLite's write lock this recently make a backfill start small.
+const RECENT_TRAFFIC: Duration = Duration::from_secs(1);
+
+/// The size of a backfill's first page: a full page on an idle server (and on PostgreSQL), but
+/// an eighth of one while requests are writing, since a full first page would hold the write
+/// lock for tens of milliseconds before the sizing below learns that requests wait for it
+/// (BENCHMARKS.md, figure c); from there pages grow while nobody waits.
+fn first_page_size(since_last_request: Option<Duration>, policy: &BackfillPolicy) -> i64 {
+    match since_last_request {
+        Some(since) if since < RECENT_TRAFFIC => (policy.page_size / 8).clamp(MIN_PAGE.min(policy.page_size), policy.page_size.max(1)),
+        _ => policy.page_size,
+    }
+}
 
 /// The size of the next page on SQLite: when a request waited during the last one (`held_up`),
 /// the last one scaled to the budget, else doubled; at most halved or doubled at once, within
@@ -217,5 +231,18 @@ mod tests {
         assert_eq!(alone(1_000, 500), 1_000, "slow but nobody waited: kept at full size");
         assert_eq!(alone(100, 500), 200, "nobody waited: grows back");
         assert_eq!(alone(800, 500), 1_000);
+    }
+
+    #[test]
+    fn a_backfill_starts_small_only_while_requests_are_writing() {
+        let policy = BackfillPolicy { page_size: 1_000, ..Default::default() };
+        let ms = Duration::from_millis;
+        assert_eq!(first_page_size(None, &policy), 1_000, "no request has written (or PostgreSQL): a full page");
+        assert_eq!(first_page_size(Some(ms(5_000)), &policy), 1_000, "idle for a while: a full page");
+        assert_eq!(first_page_size(Some(ms(10)), &policy), 125, "requests writing: an eighth");
+        let small = BackfillPolicy { page_size: 100, ..policy.clone() };
+        assert_eq!(first_page_size(Some(ms(10)), &small), MIN_PAGE, "not below the minimum");
+        let tiny = BackfillPolicy { page_size: 5, ..policy };
+        assert_eq!(first_page_size(Some(ms(10)), &tiny), 5, "a page_size below the minimum is kept");
     }
 }
