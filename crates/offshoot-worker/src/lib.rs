@@ -198,8 +198,19 @@ pub struct Shared {
     pub shutdown: CancellationToken,
 }
 
+/// Readies the worker role; to be awaited before the process serves a request. The webhook
+/// relay's outbox cursor is created at the end of the outbox on first use, so a relay that
+/// created it only once [`run`] got to it (late, on a loaded machine) passed over the events
+/// this process's API had committed meanwhile, and their webhooks were never sent. Creating it
+/// here, before the API takes a request, has every event written from then on relayed.
+pub async fn prepare(queue: &Queue) -> Result<(), QueueError> {
+    queue.store.outbox_cursor(webhooks::CURSOR).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// Runs the worker role until `shutdown`: the apalis workers of both queues, the webhook
-/// queueing relay and the reconciler. In-flight jobs get a bounded time to finish.
+/// queueing relay and the reconciler. In-flight jobs get a bounded time to finish. Call
+/// [`prepare`] first.
 pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret: SecretString, shutdown: CancellationToken) {
     let http = match reqwest::Client::builder().timeout(config.webhooks.attempt_timeout).redirect(reqwest::redirect::Policy::none()).build()
     {

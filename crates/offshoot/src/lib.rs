@@ -66,6 +66,9 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         tasks.spawn(async move { h.run(s).await });
     }
     if config.roles.worker {
+        // Before the listener serves: the webhook relay's cursor must exist before this
+        // process's API writes its first event, or that event is never relayed.
+        offshoot_worker::prepare(&queue).await.map_err(|e| anyhow::anyhow!("preparing the worker: {e}"))?;
         let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.clone(), api_secret.clone(), shutdown.clone());
         tasks.spawn(async move { offshoot_worker::run(q, c, k, sec, s).await });
     }
