@@ -771,6 +771,7 @@ impl Store {
     /// The step, and for a committed page: messages copied and, when the fork finished, its
     /// final status and whether it was truncated (for the metrics, recorded after the commit).
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
+        let early = self.plan_early(fork_cid).await?;
         let mut tx = self.begin_background().await?;
         let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
@@ -785,18 +786,26 @@ impl Store {
             return Ok((BackfillStep::Done, Some((0, Some(summary)))));
         };
         let point = (f.point_created_at, f.summary.source_message_id.as_str());
-        let boundary = match f.planned {
-            true => f.boundary.clone(),
-            false => plan_backfill(&mut tx, fork_cid, &source, point, &mut summary).await?,
+        let boundary = match (f.planned, early) {
+            (true, _) => f.boundary.clone(),
+            // Planned on the source as it was a moment ago; the cap holds whatever changed
+            // since, as no page copies past it (`copy_next_page`).
+            (false, Some((truncated_at, plan))) if truncated_at == source.truncated_at => {
+                record_plan(&mut tx, fork_cid, plan, &mut summary).await?
+            }
+            (false, _) => {
+                let plan = compute_plan(&mut tx.tx, &source, point).await?;
+                record_plan(&mut tx, fork_cid, plan, &mut summary).await?
+            }
         };
-        let (copied, failure, page_len) = copy_next_page(&mut tx, fork_cid, &source, &f, boundary.as_ref(), page_size).await?;
+        let (copied, failure, more) = copy_next_page(&mut tx, fork_cid, &source, &f, boundary.as_ref(), page_size).await?;
         let step = match failure {
             Some(f) => {
                 finish(&mut tx, fork_cid, Some(failure_reason(&f))).await?;
                 summary.status = ForkStatus::Failed;
                 BackfillStep::Done
             }
-            None if (page_len as i64) < page_size.max(1) => {
+            None if !more => {
                 finish(&mut tx, fork_cid, None).await?;
                 summary.status = ForkStatus::Completed;
                 BackfillStep::Done
@@ -806,6 +815,20 @@ impl Store {
         tx.commit(self).await?;
         let finished = (step == BackfillStep::Done).then_some(summary);
         Ok((step, Some((copied, finished))))
+    }
+
+    /// The plan of a backfill that has none yet, made outside any write transaction, with the
+    /// source's truncation it was made for; `None` when the fork is planned (every page but the
+    /// first), gone, finished or its source is gone.
+    async fn plan_early(&self, fork_cid: &str) -> Result<Option<(Option<i64>, BackfillPlan)>> {
+        let mut conn = self.pool().acquire().await?;
+        let Some(f) = load_fork_row(&mut conn, fork_cid).await? else { return Ok(None) };
+        if f.planned || f.summary.status != ForkStatus::Backfilling {
+            return Ok(None);
+        }
+        let Some(source) = load_channel(&mut conn, &self.cache, &f.summary.source_channel_cid).await? else { return Ok(None) };
+        let plan = compute_plan(&mut conn, &source, (f.point_created_at, f.summary.source_message_id.as_str())).await?;
+        Ok(Some((source.truncated_at, plan)))
     }
 
     /// Ends a backfill that cannot go on (the worker gave up after its attempts): the fork
@@ -897,31 +920,33 @@ impl Store {
     }
 }
 
-/// Plans a backfill on its first page: the cap boundary (the fork holds the newest
-/// `MAX_COPIED` eligible messages), whether that truncates the history, and the total; records
-/// them on the fork row and returns the boundary.
-async fn plan_backfill(
-    tx: &mut Tx,
-    fork_cid: &str,
-    source: &Channel,
-    point: (i64, &str),
-    summary: &mut ForkSummary,
-) -> Result<Option<(i64, String)>> {
-    // The cap: the fork holds the newest MAX_COPIED eligible messages.
+/// A backfill's plan: the cap boundary (the oldest position copied, when the fork holds the
+/// newest `MAX_COPIED` eligible messages), whether that truncates the history, and the total.
+struct BackfillPlan {
+    boundary: Option<(i64, String)>,
+    truncated: bool,
+    total: i64,
+}
+
+/// Plans a backfill from the source as it is: reads only. The boundary is found by walking the
+/// newest `MAX_COPIED` eligible messages, tens of milliseconds on a large source, so the worker
+/// plans before its first page's transaction ([`Store::backfill_step`]): on SQLite that walk
+/// held the one write lock, and every request waited for it (BENCHMARKS.md, figure c).
+async fn compute_plan(conn: &mut AnyConnection, source: &Channel, point: (i64, &str)) -> Result<BackfillPlan> {
     let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
     let sql = format!(
         "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
         plan::MAX_COPIED - 1
     );
     let boundary: Option<(i64, String)> =
-        sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *tx.tx)).await?;
+        sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *conn)).await?;
     let truncated = match &boundary {
         Some(b) => {
             let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
             let mut bb = binds.clone();
             bb.push(Bind::I(b.0));
             bb.push(Bind::S(b.1.clone()));
-            sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *tx.tx)).await?.is_some()
+            sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *conn)).await?.is_some()
         }
         None => false,
     };
@@ -929,27 +954,32 @@ async fn plan_backfill(
     let total = match &boundary {
         Some(_) => plan::MAX_COPIED,
         None => {
-            let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
             let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
-            sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *tx.tx)).await?
+            sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *conn)).await?
         }
     };
-    summary.truncated = truncated;
+    Ok(BackfillPlan { boundary, truncated, total })
+}
+
+/// Records the plan on the fork row (its first page) and returns the boundary.
+async fn record_plan(tx: &mut Tx, fork_cid: &str, plan: BackfillPlan, summary: &mut ForkSummary) -> Result<Option<(i64, String)>> {
+    summary.truncated = plan.truncated;
     sqlx::query("UPDATE fork SET planned = $1, boundary_created_at = $2, boundary_id = $3, truncated = $4, total_message_count = $5, updated_at = $6 WHERE cid = $7")
         .bind(true)
-        .bind(boundary.as_ref().map(|b| b.0))
-        .bind(boundary.as_ref().map(|b| b.1.clone()))
-        .bind(truncated)
-        .bind(total)
+        .bind(plan.boundary.as_ref().map(|b| b.0))
+        .bind(plan.boundary.as_ref().map(|b| b.1.clone()))
+        .bind(plan.truncated)
+        .bind(plan.total)
         .bind(time::now())
         .bind(fork_cid.to_string())
         .execute(crate::counted(&mut *tx.tx))
         .await?;
-    Ok(boundary)
+    Ok(plan.boundary)
 }
 
 /// Copies the page of up to `page_size` eligible messages below the cursor and moves the
-/// cursor past it. Returns the messages copied, why a copy failed (if one did) and the page's length.
+/// cursor past it. Returns the messages copied, why a copy failed (if one did) and whether more
+/// may follow (a full page, below the cap).
 async fn copy_next_page(
     tx: &mut Tx,
     fork_cid: &str,
@@ -957,7 +987,7 @@ async fn copy_next_page(
     f: &ForkRow,
     boundary: Option<&(i64, String)>,
     page_size: i64,
-) -> Result<(i64, Option<CopyFailure>, usize)> {
+) -> Result<(i64, Option<CopyFailure>, bool)> {
     let point = (f.point_created_at, f.summary.source_message_id.as_str());
     let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
     let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary);
@@ -965,20 +995,27 @@ async fn copy_next_page(
     binds.push(Bind::S(cursor.1.clone()));
     let sql = format!("SELECT {{cols}} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
     let page = fetch_sources(tx, &sql, &binds).await?;
+    let Some(last) = page.last().map(|m| (m.created_at, m.id.clone())) else { return Ok((0, None, false)) };
+    let full = page.len() as i64 >= page_size.max(1);
+    // The newest page's copies were made by the request (the walk starts at the fork point);
+    // the rest is copied up to the cap: the plan's boundary keeps to it, and this holds it even
+    // when the source changed after the plan was made.
+    let room = (plan::MAX_COPIED - f.summary.copied_message_count).max(0) as usize;
+    let mut todo: Vec<CopySource> = page.into_iter().filter(|m| !f.first_page_map.contains_key(&m.id)).collect();
+    let capped = todo.len() > room;
+    todo.truncate(room);
     let limits = SizeLimits::for_max_message_length(source.max_message_length());
     let mut map = Map::new();
-    let (copied, failure) = copy_messages(tx, fork_cid, &page, f.exclude_attachments, limits, &mut map).await?;
-    if let Some(last) = page.last() {
-        sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
-            .bind(last.created_at)
-            .bind(last.id.clone())
-            .bind(fork_cid.to_string())
-            .bind(time::now())
-            .bind(copied)
-            .execute(crate::counted(&mut *tx.tx))
-            .await?;
-    }
-    Ok((copied, failure, page.len()))
+    let (copied, failure) = copy_messages(tx, fork_cid, &todo, f.exclude_attachments, limits, &mut map).await?;
+    sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
+        .bind(last.0)
+        .bind(last.1)
+        .bind(fork_cid.to_string())
+        .bind(time::now())
+        .bind(copied)
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    Ok((copied, failure, full && !capped))
 }
 
 /// Locks a fork as a backfill page does and loads its row: the fork's channel row first (a

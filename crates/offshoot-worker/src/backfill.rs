@@ -61,7 +61,10 @@ impl Default for BackfillPolicy {
     fn default() -> Self {
         BackfillPolicy {
             page_size: offshoot_core::fork::BACKFILL_PAGE,
-            page_budget: Duration::from_millis(50),
+            // A send at 100/s waits for at most one page: 50 ms pages made the sends' p99 during
+            // four backfills 50–130 ms, 2–4 ms pages 27–31 ms, at three to four times the backfills'
+            // time (BENCHMARKS.md, eighth session). An idle server still copies full pages.
+            page_budget: Duration::from_millis(4),
             page_delay: Duration::ZERO,
             max_attempts: 8,
             backoff_base: Duration::from_secs(1),
