@@ -141,6 +141,9 @@ impl Hub {
 
     /// A hub that refuses connections beyond `max_connections` (503, Stream code 71).
     pub fn with_max_connections(store: Store, api_key: String, api_secret: SecretString, max_connections: usize) -> Arc<Hub> {
+        // The gauge is on `/metrics` from the start (0 until a client connects), not only once
+        // one has.
+        metrics::gauge!("offshoot_ws_connections").increment(0.0);
         Arc::new(Hub {
             store,
             instance: uuid::Uuid::new_v4().to_string(),

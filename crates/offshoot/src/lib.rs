@@ -44,6 +44,11 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     // still must not grow the event table for ever.
     tasks.spawn(prune_outbox(store.clone(), config.event_retention, config.prune_interval, shutdown.clone()));
 
+    // The recorder first, so that what the roles register as they start (the WebSocket gauge)
+    // is recorded.
+    if !matches!(config.metrics, MetricsListen::Off) {
+        offshoot_api::ops::install_metrics();
+    }
     let hub = config
         .roles
         .ws
