@@ -141,7 +141,7 @@ pub async fn serve_child(mut args: impl Iterator<Item = String>) -> Result<()> {
     let max_ws: usize = args.next().context("serve: the WebSocket cap")?.parse()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let config = offshoot::Config {
+    let mut config = offshoot::Config {
         listen: addr.to_string(),
         database_url: url,
         api_key: Some(API_KEY.into()),
@@ -150,6 +150,10 @@ pub async fn serve_child(mut args: impl Iterator<Item = String>) -> Result<()> {
         max_ws_connections: max_ws,
         ..offshoot::Config::default()
     };
+    // For experiments: another SQLite page budget than the default (BENCHMARKS.md, figure c).
+    if let Some(ms) = std::env::var("OFFSHOOT_BENCH_PAGE_BUDGET_MS").ok().and_then(|v| v.parse().ok()) {
+        config.worker.backfill.page_budget = Duration::from_millis(ms);
+    }
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(offshoot::run(listener, config, shutdown.clone()));
     println!("{READY}{addr}");
