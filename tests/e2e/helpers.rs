@@ -579,8 +579,22 @@ impl TestApp {
         Self::spawn_on(self.db.clone(), |c| c.roles = offshoot::Roles { api: false, ws: false, worker: true }).await
     }
 
+    /// With `OFFSHOOT_TEST_LOG=<file>`, the in-process servers log to that file (filtered by
+    /// `RUST_LOG`, `debug` by default): to read what a server did in a failure that does not
+    /// reproduce in isolation. Off by default: the suite's output stays the tests' own.
+    fn log_to_file_if_asked() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let Some(path) = std::env::var_os("OFFSHOOT_TEST_LOG") else { return };
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("OFFSHOOT_TEST_LOG file");
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "debug".into());
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(std::sync::Mutex::new(file)).try_init();
+        });
+    }
+
     /// A server on `db` (shared with other servers of the same test).
     pub async fn spawn_on(db: Arc<TestDb>, tweak: impl FnOnce(&mut offshoot::Config)) -> TestApp {
+        Self::log_to_file_if_asked();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         listener.set_nonblocking(true).expect("non-blocking listener");
         let addr = listener.local_addr().expect("local addr");

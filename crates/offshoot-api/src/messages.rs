@@ -119,6 +119,19 @@ async fn visible_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message,
     Ok((m, ch))
 }
 
+/// [`visible_message`] for a write: the same checks, on the message as stored and its channel's
+/// row (`Store::message_for_write`, two statements instead of six); the write's transaction
+/// hydrates what it announces and answers.
+async fn writable_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message, Channel), Error> {
+    let missing = || Error::not_found(format!("message with id {id:?} does not exist"));
+    let (m, hidden, ch) = st.store.message_for_write(id).await?.ok_or_else(missing)?;
+    if !offshoot_store::is_visible(&m, hidden, ch.truncated_at, &ctx.viewer) || ch.deleted_at.is_some() {
+        return Err(missing());
+    }
+    require_read(st, &ctx.viewer, &ch.cid).await?;
+    Ok((m, ch))
+}
+
 pub async fn get_message(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {
     let (m, ch) = visible_message(&st, &ctx, &id).await?;
     let mut v = render::message(ctx.dialect, &m);
@@ -134,10 +147,16 @@ fn may_edit(ctx: &Ctx, m: &Message) -> Result<(), Error> {
     }
 }
 
-fn editor(ctx: &Ctx, actor: &Actor, m: &Message) -> Result<User, Error> {
-    Ok(actor
-        .acting(&ctx.viewer, ctx.user.as_ref(), false)?
-        .unwrap_or_else(|| m.user.clone().unwrap_or_else(|| User::placeholder(&m.user_id, "user"))))
+/// Who changes `m`: the acting user, else (a server-side request naming nobody) its author,
+/// as hydrated or else as stored.
+async fn editor(st: &ApiState, ctx: &Ctx, actor: &Actor, m: &Message) -> Result<User, Error> {
+    if let Some(user) = actor.acting(&ctx.viewer, ctx.user.as_ref(), false)? {
+        return Ok(user);
+    }
+    if let Some(user) = &m.user {
+        return Ok(user.clone());
+    }
+    Ok(st.store.get_user(&m.user_id).await?.unwrap_or_else(|| User::placeholder(&m.user_id, "user")))
 }
 
 /// `POST /messages/{id}`: full update.
@@ -147,13 +166,13 @@ pub async fn update_message(
     ApiPath(id): ApiPath<String>,
     Body(body): Body<MessageRequest>,
 ) -> ApiResult<Json<Value>> {
-    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    let (m, ch) = writable_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
     let msg = present(body.message, "message")?;
     if m.deleted_at.is_some() {
         return Err(Error::input("a deleted message cannot be updated").into());
     }
-    let actor = editor(&ctx, &msg.actor, &m)?;
+    let actor = editor(&st, &ctx, &msg.actor, &m).await?;
     let new = msg.into_new(ctx.viewer.is_admin(), ch.max_message_length())?;
     let by = actor.id.clone();
     let updated = st
@@ -281,9 +300,9 @@ pub async fn partial_update_message(
     ApiPath(id): ApiPath<String>,
     Body(body): Body<PatchMessageRequest>,
 ) -> ApiResult<Json<Value>> {
-    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    let (m, ch) = writable_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
-    let actor = editor(&ctx, &body.actor, &m)?;
+    let actor = editor(&st, &ctx, &body.actor, &m).await?;
     let (set, unset) = body.patch.into_parts();
     let by = actor.id.clone();
     let max = ch.max_message_length();
@@ -301,7 +320,7 @@ pub async fn ephemeral_update(
 ) -> ApiResult<Json<Value>> {
     let (mut m, ch) = visible_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
-    let actor = editor(&ctx, &body.actor, &m)?;
+    let actor = editor(&st, &ctx, &body.actor, &m).await?;
     let (set, unset) = body.patch.into_parts();
     apply_partial(&mut m, &set, &unset, ch.max_message_length(), &actor.id, ctx.viewer.is_server())?;
     m.updated_at = time::now();
@@ -335,7 +354,7 @@ pub async fn delete_message(
     ApiPath(id): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteMessageQuery>,
 ) -> ApiResult<Json<Value>> {
-    let (m, _) = visible_message(&st, &ctx, &id).await?;
+    let (m, _) = writable_message(&st, &ctx, &id).await?;
     may_edit(&ctx, &m)?;
     if q.delete_for_me.unwrap_or(false) {
         return Err(Error::input("delete_for_me is not supported by this server").into());
@@ -455,7 +474,7 @@ pub async fn send_reaction(
     ApiPath(id): ApiPath<String>,
     Body(body): Body<SendReactionRequest>,
 ) -> ApiResult<Json<Value>> {
-    let (m, ch) = visible_message(&st, &ctx, &id).await?;
+    let (m, ch) = writable_message(&st, &ctx, &id).await?;
     let r = present(body.reaction, "reaction")?;
     let kind = required(r.kind, "reaction.type")?;
     if kind.len() > 64 {
@@ -493,7 +512,7 @@ pub async fn delete_reaction(
     ApiPath((id, kind)): ApiPath<(String, String)>,
     ApiQuery(q): ApiQuery<DeleteReactionQuery>,
 ) -> ApiResult<Json<Value>> {
-    visible_message(&st, &ctx, &id).await?;
+    writable_message(&st, &ctx, &id).await?;
     let user = match &ctx.viewer {
         Viewer::Server => {
             let uid = q.user_id.ok_or_else(|| Error::input("a server-side request must pass user_id"))?;

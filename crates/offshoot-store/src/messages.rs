@@ -4,7 +4,7 @@
 use crate::channels::{
     event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL,
 };
-use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
+use crate::rows::{self, placeholders, ChannelRow, MessageRow, ReactionRow, CHANNEL_COLS, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
@@ -171,6 +171,24 @@ impl Store {
         let Some((mut m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
         let Some(ch) = load_channel(&mut conn, &self.cache, &m.cid).await? else { return Ok(None) };
         hydrate_messages(&mut conn, std::slice::from_mut(&mut m), viewer, ch.truncated_at).await?;
+        Ok(Some((m, hidden, ch)))
+    }
+
+    /// A message as stored (not hydrated: no users, reactions, quote) with its channel's row
+    /// and type config (no creator, no fork summary), soft-deleted ones too: what a write's
+    /// checks read before its transaction (visibility, the author, the channel's deletion,
+    /// truncation and limits), in two statements instead of [`Store::get_message_in_channel`]'s
+    /// six. The write's transaction hydrates what it announces. `None` also when the channel
+    /// is gone.
+    pub async fn message_for_write(&self, id: &str) -> Result<Option<(Message, bool, Channel)>> {
+        let mut conn = self.pool().acquire().await?;
+        let Some((m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
+        let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
+            .bind(m.cid.clone())
+            .fetch_optional(crate::counted(&mut *conn))
+            .await?;
+        let Some(mut ch) = row.map(Channel::from) else { return Ok(None) };
+        ch.config = self.cache.types(&mut conn).await?.get(&ch.kind).cloned();
         Ok(Some((m, hidden, ch)))
     }
 

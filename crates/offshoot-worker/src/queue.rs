@@ -16,8 +16,11 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use std::pin::Pin;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::Notify;
 use ulid::Ulid;
 
 /// The queue of fork backfills.
@@ -103,60 +106,98 @@ pub enum Pools {
     Postgres(PgPool),
 }
 
-/// How long after a wake-up [`Wake::stream`] wakes its worker again.
-const WAKE_ECHO: Duration = Duration::from_millis(100);
+/// How long after the last push [`Wake::stream`] wakes its worker again, and again: see
+/// [`Wake::stream`].
+const WAKE_ECHOES: [Duration; 2] = [Duration::from_millis(100), Duration::from_secs(1)];
 
 /// On SQLite, wakes this process's workers as soon as this process pushes a job to their
 /// queue: apalis finds SQLite jobs by polling, and without it a fork's backfill (or a webhook)
 /// would wait up to a whole poll interval to start. PostgreSQL workers are woken by
 /// LISTEN/NOTIFY instead. A job pushed by another process on the same file (not a production
 /// setup on SQLite) is still found by the poll.
-#[derive(Clone, Debug)]
-pub struct Wake(broadcast::Sender<&'static str>);
+#[derive(Clone, Debug, Default)]
+pub struct Wake {
+    backfill: Arc<Slot>,
+    webhook: Arc<Slot>,
+}
+
+/// One queue's wake-up: a flag the worker's poll takes, the waker of the task that polled it
+/// last, and the time of the last push, which the echoes count from.
+#[derive(Debug, Default)]
+struct Slot {
+    pending: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+    last_push: Mutex<Option<tokio::time::Instant>>,
+    pushed: Notify,
+    echoes_started: AtomicBool,
+}
+
+impl Slot {
+    fn signal(&self) {
+        self.pending.store(true, Ordering::Release);
+        if let Some(waker) = self.waker.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Signals [`WAKE_ECHOES`] after the last push, for ever (one task per queue and process).
+    async fn echoes(self: Arc<Slot>) {
+        loop {
+            self.pushed.notified().await;
+            for delay in WAKE_ECHOES {
+                // A push during the wait moves the echo: it counts from the last push.
+                loop {
+                    let Some(last) = *self.last_push.lock().unwrap_or_else(|e| e.into_inner()) else { break };
+                    if tokio::time::Instant::now() >= last + delay {
+                        break;
+                    }
+                    tokio::time::sleep_until(last + delay).await;
+                }
+                tracing::trace!(echo_ms = delay.as_millis() as u64, "wake-up: echo");
+                self.signal();
+            }
+        }
+    }
+}
 
 impl Wake {
-    fn new() -> Wake {
-        Wake(broadcast::channel(64).0)
+    fn slot(&self, queue: &str) -> Option<&Arc<Slot>> {
+        match queue {
+            BACKFILL_QUEUE => Some(&self.backfill),
+            WEBHOOK_QUEUE => Some(&self.webhook),
+            _ => None,
+        }
     }
 
     fn pushed(&self, queue: &str) {
-        let queue = match queue {
-            BACKFILL_QUEUE => BACKFILL_QUEUE,
-            WEBHOOK_QUEUE => WEBHOOK_QUEUE,
-            _ => return,
-        };
-        // No receiver: this process runs no worker; the workers elsewhere poll.
-        let _ = self.0.send(queue);
+        let Some(slot) = self.slot(queue) else { return };
+        *slot.last_push.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        slot.pushed.notify_one();
+        tracing::trace!(queue, "job pushed: waking this process's worker");
+        // No worker has polled yet (or none runs here): the flag waits for its first poll.
+        slot.signal();
     }
 
-    /// Yields each time a job is pushed to `queue` (and after missed wake-ups), and once more
-    /// [`WAKE_ECHO`] after the last such wake-up; never ends. The echo is needed because
-    /// apalis's poll gate only wakes the fetch loop: a wake-up that arrives while a fetch is
-    /// already in flight (one that started before the job was committed) is taken by that
-    /// fetch, which finds nothing, and would be lost. The echo starts a fetch that surely began
-    /// after the commit. A push during the echo's wait wakes at once (forks back to back must
-    /// not wait for the previous one's echo).
+    /// Yields each time a job is pushed to `queue`, and again [`WAKE_ECHOES`] after the last
+    /// push; never ends. apalis's poll gate only wakes the fetch loop: a wake-up taken while a
+    /// fetch is already in flight (one that started before the job was committed) finds
+    /// nothing and would be lost; an echo starts a fetch that surely began after the commit
+    /// (the second one for a fetch that took longer than the first echo's wait).
+    ///
+    /// Every poll, also one that yields, keeps the polling task's waker: apalis may not poll
+    /// the strategy again after it yielded (a fetch that completes within the same poll), and
+    /// a wake-up that depended on a later poll to be armed was lost (a fork's backfill then
+    /// waited for the next poll interval).
     pub fn stream(&self, queue: &'static str) -> Pin<Box<dyn Stream<Item = ()> + Send + Sync>> {
-        let echo_at: Option<tokio::time::Instant> = None;
-        Box::pin(futures_util::stream::unfold((self.0.subscribe(), echo_at), move |(mut rx, echo_at)| async move {
-            loop {
-                let echo = async {
-                    match echo_at {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    received = rx.recv() => match received {
-                        Ok(pushed) if pushed == queue => {}
-                        Ok(_) => continue,
-                        Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        // The pools are gone: the worker is stopping; never wake again.
-                        Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-                    },
-                    _ = echo => return Some(((), (rx, None))),
-                }
-                return Some(((), (rx, Some(tokio::time::Instant::now() + WAKE_ECHO))));
+        let slot = self.slot(queue).cloned().unwrap_or_default();
+        if !slot.echoes_started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(Arc::clone(&slot).echoes());
+        }
+        Box::pin(futures_util::stream::poll_fn(move |cx| {
+            *slot.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            match slot.pending.swap(false, Ordering::AcqRel) {
+                true => Poll::Ready(Some(())),
+                false => Poll::Pending,
             }
         }))
     }
@@ -183,7 +224,7 @@ impl Pools {
                 let mut migrator = SqliteStorage::<()>::migrations();
                 migrator.dangerous_set_table_name(SQLITE_APALIS_MIGRATIONS_TABLE);
                 migrator.run(&pool).await?;
-                Ok(Pools::Sqlite(pool, Wake::new()))
+                Ok(Pools::Sqlite(pool, Wake::default()))
             }
             Backend::Postgres => {
                 // No JIT, as the store's connections (its `Store::connect`): the queue's
@@ -337,14 +378,15 @@ pub fn ulid_of(id: uuid::Uuid) -> Ulid {
 mod tests {
     use super::*;
     use futures_util::StreamExt;
+    use std::sync::atomic::AtomicUsize;
     use tokio::time::Instant;
 
-    /// On a paused clock: a push wakes at once, also while the previous push's echo is still
-    /// waiting, and the echo comes `WAKE_ECHO` after the last push; other queues' pushes do not
-    /// wake.
+    /// On a paused clock: a push wakes at once, also while the previous push's echoes are
+    /// still waiting; the echoes come [`WAKE_ECHOES`] after the last push; other queues'
+    /// pushes do not wake.
     #[tokio::test(start_paused = true)]
-    async fn a_push_wakes_at_once_even_during_the_previous_echo() {
-        let wake = Wake::new();
+    async fn a_push_wakes_at_once_and_the_echoes_follow_the_last_push() {
+        let wake = Wake::default();
         let mut stream = wake.stream(BACKFILL_QUEUE);
         let t0 = Instant::now();
         wake.pushed(BACKFILL_QUEUE);
@@ -358,7 +400,36 @@ mod tests {
         stream.next().await.expect("a wake-up");
         assert_eq!(t1.elapsed(), Duration::ZERO, "a push during the echo's wait wakes at once, not at the echo");
 
-        stream.next().await.expect("the echo");
-        assert_eq!(t1.elapsed(), WAKE_ECHO, "the echo follows the last push");
+        stream.next().await.expect("the first echo");
+        assert_eq!(t1.elapsed(), WAKE_ECHOES[0], "the first echo follows the last push");
+        stream.next().await.expect("the second echo");
+        assert_eq!(t1.elapsed(), WAKE_ECHOES[1], "the second echo follows the last push");
+    }
+
+    struct CountingWaker(AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The lost wake-up behind a fork that waited for the next poll (BENCHMARKS.md, ninth
+    /// session): apalis may not poll the strategy again after it yielded, so the push that
+    /// follows must wake the task that polled last without another poll in between.
+    #[tokio::test]
+    async fn a_push_wakes_the_last_polling_task_without_another_poll_after_a_yield() {
+        let wake = Wake::default();
+        let mut stream = wake.stream(BACKFILL_QUEUE);
+        let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut cx = std::task::Context::from_waker(&waker);
+        wake.pushed(BACKFILL_QUEUE);
+        assert_eq!(stream.poll_next_unpin(&mut cx), Poll::Ready(Some(())), "the push is there to take");
+        let before = counter.0.load(Ordering::SeqCst);
+        wake.pushed(BACKFILL_QUEUE);
+        assert!(counter.0.load(Ordering::SeqCst) > before, "the second push woke the task that polled last");
+        assert_eq!(stream.poll_next_unpin(&mut cx), Poll::Ready(Some(())), "and its wake-up is there to take");
+        assert_eq!(stream.poll_next_unpin(&mut cx), Poll::Pending, "each push is taken once");
     }
 }
