@@ -154,6 +154,10 @@ pub async fn serve_child(mut args: impl Iterator<Item = String>) -> Result<()> {
     if let Some(ms) = std::env::var("OFFSHOOT_BENCH_PAGE_BUDGET_MS").ok().and_then(|v| v.parse().ok()) {
         config.worker.backfill.page_budget = Duration::from_millis(ms);
     }
+    // For experiments: another backfill page size than the default (BENCHMARKS.md, figure b).
+    if let Some(n) = std::env::var("OFFSHOOT_BENCH_PAGE_SIZE").ok().and_then(|v| v.parse().ok()) {
+        config.backfill_page_size = n;
+    }
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(offshoot::run(listener, config, shutdown.clone()));
     println!("{READY}{addr}");

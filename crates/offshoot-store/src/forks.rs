@@ -52,11 +52,16 @@ pub enum BackfillStep {
 /// deleted, not shadowed), created up to the fork point; a reply only when its parent is
 /// copied too. `$1` source cid, `$2` truncated_at, `$3`/`$4` the fork point, `$5`/`$6` the
 /// cap boundary (oldest copied position).
+///
+/// The parent check ends in `LIMIT 1 OFFSET 0` so that PostgreSQL looks each reply's parent up
+/// by its key: without it, it turned the `EXISTS` into a hashed subplan that read every
+/// top-level message of the source up to the fork point, on every page and in the fork request
+/// (BENCHMARKS.md, ninth session; an `OFFSET` keeps the planner from rewriting the `EXISTS`).
 const ELIGIBLE: &str = "m.cid = $1 AND m.hidden_at IS NULL AND m.created_at > $2 AND m.deleted_at IS NULL AND m.shadowed = FALSE \
     AND m.type NOT IN ('deleted', 'ephemeral', 'error') AND (m.created_at, m.id) <= ($3, $4) AND (m.created_at, m.id) >= ($5, $6) \
     AND (m.parent_id IS NULL OR EXISTS (SELECT 1 FROM message p WHERE p.id = m.parent_id AND p.cid = $1 AND p.parent_id IS NULL \
     AND p.hidden_at IS NULL AND p.created_at > $2 AND p.deleted_at IS NULL AND p.shadowed = FALSE AND p.type NOT IN ('deleted', 'ephemeral', 'error') \
-    AND (p.created_at, p.id) <= ($3, $4) AND (p.created_at, p.id) >= ($5, $6)))";
+    AND (p.created_at, p.id) <= ($3, $4) AND (p.created_at, p.id) >= ($5, $6) LIMIT 1 OFFSET 0))";
 
 struct ForkRow {
     summary: ForkSummary,
@@ -255,7 +260,6 @@ async fn insert_copies(
     let mut inserted = 0;
     for chunk in copies.chunks(COPY_CHUNK) {
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
-        // `WHERE TRUE`: SQLite reads an `ON` after a join as the join's (SQLite's UPSERT docs).
         let sql = format!(
             "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
              attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, reply_count, \
@@ -263,7 +267,7 @@ async fn insert_copies(
              SELECT v.column2, {p1}, m.user_id, m.type, m.text, m.html, m.mml, m.command, v.column3, m.show_in_channel, v.column4, \
              {attachments}, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, FALSE, FALSE, 0, \
              0, m.created_at, m.updated_at, m.message_text_updated_at, m.cid, m.id \
-             FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1 WHERE TRUE ON CONFLICT (id) DO NOTHING",
+             FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1",
             p1 = params(backend, 1, 1),
             values = values.join(", "),
         );
@@ -290,12 +294,18 @@ async fn copy_messages(
     let copy_ids: Vec<String> = sources.iter().map(|m| ids::copy_id(fork_cid, &m.id)).collect();
     // A copy id is rarely taken (by a copy an earlier attempt made, or by another message, which
     // fails the fork), and looking every id up cost a page as much as reading its sources: copy
-    // as if none were, under a savepoint, and only when a row was skipped undo that and plan
-    // again knowing which are taken.
+    // as if none were, under a savepoint, and only when the key refused a row undo that and plan
+    // again knowing which are taken. A plain insert, not `ON CONFLICT DO NOTHING`, whose
+    // speculative inserts made PostgreSQL's copy about a quarter slower (BENCHMARKS.md, ninth
+    // session).
     let mut plan = plan_copies(fork_cid, sources, &copy_ids, &HashMap::new(), exclude_attachments, limits);
     let mut savepoint = sqlx::Connection::begin(&mut *tx.tx).await?;
-    let inserted = insert_copies(&mut savepoint, backend, fork_cid, &plan.copies, exclude_attachments).await?;
-    if inserted == plan.copies.len() as u64 {
+    let all_free = match insert_copies(&mut savepoint, backend, fork_cid, &plan.copies, exclude_attachments).await {
+        Ok(_) => true,
+        Err(crate::StoreError::Conflict(_)) => false,
+        Err(e) => return Err(e),
+    };
+    if all_free {
         savepoint.commit().await?;
     } else {
         savepoint.rollback().await?;

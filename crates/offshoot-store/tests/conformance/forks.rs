@@ -507,6 +507,35 @@ async fn a_source_message_over_the_size_limit_fails_the_fork_with_message_too_la
     .await;
 }
 
+/// The same in a backfill page, which inserts its copies as if no id were taken and, when the
+/// key refuses one, undoes the insert and copies again up to the taken id: the copies newer
+/// than it stay, once each.
+#[tokio::test]
+async fn a_copy_id_held_by_another_message_fails_the_fork_in_a_backfill_page_keeping_the_newer_copies() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let src = agent_channel(s, "taken-page", &[]).await;
+        let ids = seed(s, &src.cid, "amy", "p", 130, BASE_TS).await;
+        // Another channel's message holds the id the copy of p00005 would get: in the backfill,
+        // not in the newest page the request copies.
+        let other = agent_channel(s, "taken-elsewhere", &[]).await;
+        let squatter = copy_id("agent:taken-page-fork", &ids[5]);
+        s.send_message(&other.cid, &msg(&squatter, "I was here first"), &user("amy")).await.expect("send");
+        let out = fork(s, &src.cid, &ids[129], "taken-page-fork").await;
+        assert_eq!(out.fork.status, ForkStatus::Backfilling);
+        backfill_to_end(s, "agent:taken-page-fork", 50).await;
+        let f = summary(s, "agent:taken-page-fork").await;
+        assert_eq!(f.status, ForkStatus::Failed);
+        assert_eq!(f.failed_reason.as_deref(), Some(FAILED_ID_TAKEN));
+        assert_eq!(f.copied_message_count, 124, "p00129 down to p00006 were copied before the taken id");
+        let found = s.fork_message_ids("agent:taken-page-fork", &ids).await.expect("lookup");
+        assert_eq!(found.len(), 124, "each copy once");
+        assert!(!found.contains_key(&ids[5]) && found.contains_key(&ids[6]));
+        assert_eq!(stored(s, &squatter).await.cid, other.cid, "the other message is untouched");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_copy_id_held_by_another_message_fails_the_fork_with_fork_message_id_taken() {
     with_store(|ctx| async move {
