@@ -340,21 +340,43 @@ async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyP
 /// How often the SQLite WAL is copied into the database by [`checkpoint`].
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
+/// WAL frames (pages) left after a `PASSIVE` checkpoint past which [`checkpoint`] restarts the
+/// WAL under the write lock: about 40 MB with 4 KiB pages.
+const RESTART_FRAMES: i64 = 10_000;
+
 /// Copies the SQLite WAL into the database every [`CHECKPOINT_EVERY`], off every request's and
 /// backfill page's path (their connections do not checkpoint, [`sqlite_pool`]). `PASSIVE`: it
 /// takes no lock that writers or readers wait for; what a reader still uses stays for the next
 /// round. Ends when the pool is closed.
-async fn checkpoint(pool: AnyPool) {
+///
+/// Under steady writes a `PASSIVE` checkpoint never catches up with the last frame, so SQLite
+/// never starts the WAL over and it grows for as long as the writes last (660 MB during the
+/// benchmark's seeding); every page read then searches more of the WAL's index, and the send
+/// ceiling halved after a run of heavy writes (BENCHMARKS.md, ninth session). Past
+/// [`RESTART_FRAMES`] the next round takes the write lock as a background page does (waiting
+/// requests go first), so no writer of this process adds frames, and restarts the WAL
+/// (`RESTART` waits in the busy handler for readers still on the old frames).
+async fn checkpoint(pool: AnyPool, lock: Arc<writer::WriteLock>) {
     loop {
         tokio::time::sleep(CHECKPOINT_EVERY).await;
         if pool.is_closed() {
             return;
         }
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&pool).await {
-            if pool.is_closed() {
-                return;
+        match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&pool).await {
+            Ok((_, frames, _)) if frames >= RESTART_FRAMES => {
+                let _lock = lock.background().await;
+                match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(RESTART)").fetch_one(&pool).await {
+                    Ok((busy, _, _)) => tracing::debug!(frames, restarted = busy == 0, "restarting the SQLite WAL"),
+                    Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
+                }
             }
-            tracing::warn!(error = %e, "checkpointing the SQLite WAL failed; trying again");
+            Ok(_) => {}
+            Err(e) => {
+                if pool.is_closed() {
+                    return;
+                }
+                tracing::warn!(error = %e, "checkpointing the SQLite WAL failed; trying again");
+            }
         }
     }
 }
@@ -420,14 +442,15 @@ impl Store {
             Backend::Postgres => None,
         };
         let announce = Arc::new(Notify::new());
-        match backend {
-            Backend::Postgres => drop(tokio::spawn(events::announce(pool.clone(), announce.clone()))),
-            Backend::Sqlite => drop(tokio::spawn(checkpoint(pool.clone()))),
+        let write_lock = (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default()));
+        match (backend, &write_lock) {
+            (Backend::Sqlite, Some(lock)) => drop(tokio::spawn(checkpoint(pool.clone(), lock.clone()))),
+            _ => drop(tokio::spawn(events::announce(pool.clone(), announce.clone()))),
         }
         Ok(Store {
             pool,
             backend,
-            write_lock: (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default())),
+            write_lock,
             background_turns: (backend == Backend::Postgres).then(|| {
                 let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
                 Arc::new(Semaphore::new((cores / 2).max(1)))
