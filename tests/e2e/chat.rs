@@ -378,10 +378,11 @@ async fn a_full_message_update_replaces_it_and_a_partial_update_sets_and_unsets(
     assert!(m.get("color").is_none(), "{part}");
     let got = app.get(&format!("/messages/{id}"), &app.server()).await.ok();
     assert_eq!(got["message"]["text"], json!("v3"));
-    // A server-side change that names no acting user is made as the author.
-    let anon = app.put(&format!("/messages/{id}"), &app.server(), json!({"set": {"text": "v4"}})).await.ok();
+    // A server-side change that names no acting user is made as the author: the pin is theirs.
+    let anon = app.put(&format!("/messages/{id}"), &app.server(), json!({"set": {"text": "v4", "pinned": true}})).await.ok();
     assert_eq!(anon["message"]["text"], json!("v4"), "{anon}");
     assert_eq!(anon["message"]["user"]["id"], json!("u1"), "{anon}");
+    assert_eq!(anon["message"]["pinned_by"]["id"], json!("u1"), "{anon}");
     app.put("/messages/no-such-message", &app.server(), json!({"set": {"text": "x"}})).await.err(404, 16);
 }
 

@@ -110,8 +110,15 @@ async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage,
 
 /// A message the caller may see, with its channel.
 async fn visible_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message, Channel), Error> {
+    let found = st.store.get_message_in_channel(id, &ctx.viewer).await?;
+    checked(st, ctx, id, found).await
+}
+
+/// The message and its channel when the viewer may see it and read the channel; not found
+/// otherwise (also when the channel is deleted).
+async fn checked(st: &ApiState, ctx: &Ctx, id: &str, found: Option<(Message, bool, Channel)>) -> Result<(Message, Channel), Error> {
     let missing = || Error::not_found(format!("message with id {id:?} does not exist"));
-    let (m, hidden, ch) = st.store.get_message_in_channel(id, &ctx.viewer).await?.ok_or_else(missing)?;
+    let (m, hidden, ch) = found.ok_or_else(missing)?;
     if !offshoot_store::is_visible(&m, hidden, ch.truncated_at, &ctx.viewer) || ch.deleted_at.is_some() {
         return Err(missing());
     }
@@ -123,13 +130,8 @@ async fn visible_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message,
 /// row (`Store::message_for_write`, two statements instead of six); the write's transaction
 /// hydrates what it announces and answers.
 async fn writable_message(st: &ApiState, ctx: &Ctx, id: &str) -> Result<(Message, Channel), Error> {
-    let missing = || Error::not_found(format!("message with id {id:?} does not exist"));
-    let (m, hidden, ch) = st.store.message_for_write(id).await?.ok_or_else(missing)?;
-    if !offshoot_store::is_visible(&m, hidden, ch.truncated_at, &ctx.viewer) || ch.deleted_at.is_some() {
-        return Err(missing());
-    }
-    require_read(st, &ctx.viewer, &ch.cid).await?;
-    Ok((m, ch))
+    let found = st.store.message_for_write(id).await?;
+    checked(st, ctx, id, found).await
 }
 
 pub async fn get_message(State(st): State<ApiState>, ctx: Ctx, ApiPath(id): ApiPath<String>) -> ApiResult<Json<Value>> {

@@ -255,9 +255,8 @@ async fn insert_copies(
     fork_cid: &str,
     copies: &[Copy],
     exclude_attachments: bool,
-) -> Result<u64> {
+) -> Result<()> {
     let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
-    let mut inserted = 0;
     for chunk in copies.chunks(COPY_CHUNK) {
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
         let sql = format!(
@@ -275,9 +274,9 @@ async fn insert_copies(
         for (src, copy, parent, quoted) in chunk {
             q = q.bind(src.clone()).bind(copy.clone()).bind(parent.clone()).bind(quoted.clone());
         }
-        inserted += q.execute(crate::counted(&mut *conn)).await?.rows_affected();
+        q.execute(crate::counted(&mut *conn)).await?;
     }
-    Ok(inserted)
+    Ok(())
 }
 
 /// Copies `sources` (newest first) into the fork. Stops at the first message that cannot be
@@ -301,7 +300,7 @@ async fn copy_messages(
     let mut plan = plan_copies(fork_cid, sources, &copy_ids, &HashMap::new(), exclude_attachments, limits);
     let mut savepoint = sqlx::Connection::begin(&mut *tx.tx).await?;
     let all_free = match insert_copies(&mut savepoint, backend, fork_cid, &plan.copies, exclude_attachments).await {
-        Ok(_) => true,
+        Ok(()) => true,
         Err(crate::StoreError::Conflict(_)) => false,
         Err(e) => return Err(e),
     };

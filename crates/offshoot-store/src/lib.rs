@@ -443,9 +443,10 @@ impl Store {
         };
         let announce = Arc::new(Notify::new());
         let write_lock = (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default()));
-        match (backend, &write_lock) {
-            (Backend::Sqlite, Some(lock)) => drop(tokio::spawn(checkpoint(pool.clone(), lock.clone()))),
-            _ => drop(tokio::spawn(events::announce(pool.clone(), announce.clone()))),
+        // SQLite (the one with a write lock) checkpoints its WAL; PostgreSQL announces events.
+        match &write_lock {
+            Some(lock) => drop(tokio::spawn(checkpoint(pool.clone(), lock.clone()))),
+            None => drop(tokio::spawn(events::announce(pool.clone(), announce.clone()))),
         }
         Ok(Store {
             pool,

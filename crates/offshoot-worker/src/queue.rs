@@ -7,6 +7,7 @@ use crate::webhooks::DeliveryJob;
 use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
 use apalis_postgres::PostgresStorage;
 use apalis_sqlite::SqliteStorage;
+use futures_util::task::AtomicWaker;
 use futures_util::Stream;
 use offshoot_core::jobs::JobCounts;
 use offshoot_store::Backend;
@@ -18,7 +19,7 @@ use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::Notify;
 use ulid::Ulid;
@@ -126,7 +127,7 @@ pub struct Wake {
 #[derive(Debug, Default)]
 struct Slot {
     pending: AtomicBool,
-    waker: Mutex<Option<Waker>>,
+    waker: AtomicWaker,
     last_push: Mutex<Option<tokio::time::Instant>>,
     pushed: Notify,
     echoes_started: AtomicBool,
@@ -135,9 +136,7 @@ struct Slot {
 impl Slot {
     fn signal(&self) {
         self.pending.store(true, Ordering::Release);
-        if let Some(waker) = self.waker.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            waker.wake_by_ref();
-        }
+        self.waker.wake();
     }
 
     /// Signals [`WAKE_ECHOES`] after the last push, for ever (one task per queue and process).
@@ -194,7 +193,7 @@ impl Wake {
             tokio::spawn(Arc::clone(&slot).echoes());
         }
         Box::pin(futures_util::stream::poll_fn(move |cx| {
-            *slot.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            slot.waker.register(cx.waker());
             match slot.pending.swap(false, Ordering::AcqRel) {
                 true => Poll::Ready(Some(())),
                 false => Poll::Pending,
@@ -379,6 +378,7 @@ mod tests {
     use super::*;
     use futures_util::StreamExt;
     use std::sync::atomic::AtomicUsize;
+    use std::task::Waker;
     use tokio::time::Instant;
 
     /// On a paused clock: a push wakes at once, also while the previous push's echoes are
