@@ -1,6 +1,6 @@
 //! Messages, replies, reactions and threads.
 
-use crate::channels::{load, require_read, DEFAULT_REPLY_LIMIT};
+use crate::channels::{load_bare, require_read, DEFAULT_REPLY_LIMIT};
 use crate::ctx::{ApiPath, ApiQuery, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, de, present, required, Actor, MessageInput, Obj, PageInput, Patch, UserRef};
@@ -30,8 +30,9 @@ pub async fn send_message(
     Body(body): Body<MessageRequest>,
 ) -> ApiResult<Json<Value>> {
     let cid = path.cid;
-    let ch = load(&st, &cid).await?;
+    let ch = load_bare(&st, &cid).await?;
     let msg = present(body.message, "message")?;
+    // The author as named; the send reads (or creates) the stored user in its transaction.
     let author = match &ctx.viewer {
         Viewer::Server => {
             let id = msg
@@ -39,7 +40,7 @@ pub async fn send_message(
                 .id()?
                 .or(body.actor.id()?)
                 .ok_or_else(|| Error::input("a server-side message needs message.user_id (or message.user.id)"))?;
-            st.store.get_user(&id).await?.unwrap_or_else(|| User::placeholder(&id, "user"))
+            User::placeholder(&id, "user")
         }
         Viewer::User { id, role } => {
             let on_behalf = msg.actor.id()?.filter(|other| other != id);
@@ -54,7 +55,7 @@ pub async fn send_message(
             }
             match on_behalf {
                 // An admin may write as another user, as a server-side request may.
-                Some(other) => st.store.get_user(&other).await?.unwrap_or_else(|| User::placeholder(&other, "user")),
+                Some(other) => User::placeholder(&other, "user"),
                 None => ctx.user.clone().unwrap_or_else(|| User::placeholder(id, role)),
             }
         }
@@ -63,6 +64,11 @@ pub async fn send_message(
     let mut new = msg.into_new(ctx.viewer.is_admin(), ch.max_message_length())?;
     new.user_id = author.id.clone();
     if matches!(new.kind.as_str(), "ephemeral" | "error") {
+        // Never stored: the author as stored, read here.
+        let author = match st.store.get_user(&author.id).await? {
+            Some(stored) => stored,
+            None => author,
+        };
         return send_ephemeral(&st, &ctx, &ch, new, author).await;
     }
     let m = st.store.send_message(&cid, &new, &author).await?;

@@ -77,6 +77,10 @@ pub struct Args {
     pub clients: usize,
     /// Seconds of each step of figures e and f, and of the 200 messages/s run of d.
     pub step_secs: f64,
+    /// The offered rates of figure f, stepped up in order (`--rates 500,750` to profile one).
+    rates: Vec<f64>,
+    /// Seconds of each step of figure f when not the default (to profile one rate).
+    f_step: Option<f64>,
     pg_url: String,
 }
 
@@ -97,6 +101,8 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
         mid: 10_000,
         clients: 10_000,
         step_secs: 10.0,
+        rates: vec![100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0],
+        f_step: None,
         pg_url: std::env::var("OFFSHOOT_BENCH_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string()),
     };
     while let Some(flag) = it.next() {
@@ -123,10 +129,15 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
             "--forks" => args.forks = value()?.parse().context("--forks")?,
             "--reps" => args.reps = value()?.parse().context("--reps")?,
             "--clients" => args.clients = value()?.parse().context("--clients")?,
+            "--f-step-secs" => args.f_step = Some(value()?.parse().context("--f-step-secs")?),
+            "--rates" => {
+                args.rates =
+                    value()?.split(',').map(|r| r.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().context("--rates")?
+            }
             "--pg-url" => args.pg_url = value()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--pg-url URL]\n\
+                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--rates R,R…] [--f-step-secs S] [--pg-url URL]\n\
                      PostgreSQL: --pg-url or OFFSHOOT_BENCH_PG_URL (default {DEFAULT_PG_URL}); fresh databases are created there and dropped.\n\
                      --quick: small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps."
                 );
@@ -629,10 +640,10 @@ async fn send_rate(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
     let channels = chat_channels(api, "f-chat-", 20, &[]).await?;
     // Warm-up: connections and caches.
     send_at(api, &channels, 200.0, Duration::from_secs(1), None).await;
-    let step = Duration::from_secs_f64(args.step_secs.min(5.0));
+    let step = Duration::from_secs_f64(args.f_step.unwrap_or(args.step_secs.min(5.0)));
     let mut best = None;
     let mut steps = Vec::new();
-    for rate in [100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0] {
+    for &rate in &args.rates {
         let run = send_at(api, &channels, rate, step, None).await;
         let ok = run.errors == 0 && run.p(99.0) <= Duration::from_millis(50) && run.rate() >= 0.95 * rate;
         steps.push(format!(

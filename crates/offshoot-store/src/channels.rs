@@ -3,11 +3,11 @@
 use crate::cache::ConfigCache;
 use crate::messages::{arguments, insert_new_message, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
-use crate::rows::{self, placeholders, ChannelRow, ForkSummaryRow, MemberRow, CHANNEL_COLS, FORK_COLS, MEMBER_COLS};
+use crate::rows::{self, channel_cols, placeholders, ChannelRow, MemberRow, MEMBER_COLS};
 use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -105,6 +105,13 @@ impl Store {
     pub async fn get_channel(&self, cid: &str) -> Result<Option<Channel>> {
         let mut conn = self.pool().acquire().await?;
         load_channel(&mut conn, &self.cache, cid).await
+    }
+
+    /// A channel (soft-deleted ones too) with its fork summary and type config, without its
+    /// creator: one statement, for the checks before a write.
+    pub async fn get_channel_bare(&self, cid: &str) -> Result<Option<Channel>> {
+        let mut conn = self.pool().acquire().await?;
+        bare_channel(&mut conn, &self.cache, cid).await
     }
 
     pub async fn is_member(&self, cid: &str, user_id: &str) -> Result<bool> {
@@ -308,7 +315,8 @@ impl Store {
     /// summary and type config (a fixed number of statements).
     pub async fn query_channels(&self, f: &ChannelFilter) -> Result<Vec<Channel>> {
         let mut b = SqlBuilder::new(self.backend(), Vec::new());
-        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL{}", filter_conditions(f, &mut b)?);
+        let mut sql =
+            format!("SELECT {} FROM channel c WHERE c.deleted_at IS NULL{}", channel_cols(self.backend()), filter_conditions(f, &mut b)?);
         let order = channel_order(&mut b, &f.sort);
         sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
@@ -454,41 +462,56 @@ pub(crate) async fn lock_and_load(tx: &mut Tx, cid: &str) -> Result<Option<Chann
 }
 
 /// Locks (PostgreSQL) and reads the channel row matching `condition` (on alias `c`, binding
-/// `key` as `$1`), without its creator, fork summary or type: for writes that need only the
-/// row's own fields (its cid, type, id and truncation).
+/// `key` as `$1`) with its fork summary, without its creator or type: for writes that need only
+/// the row's own fields (its cid, type, id and truncation).
 pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) -> Result<Option<Channel>> {
-    let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE {condition}{}", tx.for_update());
+    let sql = format!("SELECT {} FROM channel c WHERE {condition}{}", channel_cols(tx.backend), tx.for_update());
     let row: Option<ChannelRow> =
         sqlx::query_as(AssertSqlSafe(sql)).bind(key.to_string()).fetch_optional(crate::counted(&mut *tx.tx)).await?;
     Ok(row.map(Channel::from))
 }
 
 /// Records a new message on its channel (`last_message_at`, `message_count`, `updated_at`) and
-/// returns the channel as written, with its creator, fork summary and type, and the users
-/// `also` names (loaded with the creator, in one statement). The update takes the channel's
-/// row lock, so it is the first step of a send (crate doc, lock order): the lock, the read and
-/// the write are one statement. A send that fails a check afterwards rolls it back.
+/// returns the channel as written, with its creator, fork summary and type, the users `also`
+/// names (loaded with the creator, in one statement), and how many users watch it. The update
+/// takes the channel's row lock, so it is the first step of a send (crate doc, lock order): the
+/// lock, the read and the write are one statement. A send that fails a check afterwards rolls
+/// it back.
 pub(crate) async fn lock_for_new_message(
     tx: &mut Tx,
     cid: &str,
     created_at: i64,
     now: i64,
     also: &[String],
-) -> Result<Option<(Channel, HashMap<String, User>)>> {
-    // SQLite's RETURNING takes no table alias: the columns of CHANNEL_COLS by the table's name.
-    let returning =
-        CHANNEL_COLS.split(", ").map(|c| c.trim_start_matches("c.").replace("= c.", "= channel.")).collect::<Vec<_>>().join(", ");
-    let sql = format!("UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3 RETURNING {returning}");
-    let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(sql))
+) -> Result<Option<(Channel, HashMap<String, User>, i64)>> {
+    #[derive(sqlx::FromRow)]
+    struct Bumped {
+        #[sqlx(flatten)]
+        channel: ChannelRow,
+        watcher_count: i64,
+    }
+    // SQLite's RETURNING takes no table alias: the channel's columns by the table's name.
+    let returning = channel_cols(tx.backend)
+        .split(", ")
+        .map(|c| c.trim_start_matches("c.").replace("= c.", "= channel."))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // Watches are written under their users' locks, never the channel's (`presence.rs`): the
+    // count is what any read at this moment would give.
+    let sql = format!(
+        "UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3 RETURNING {returning}, \
+         (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count"
+    );
+    let row: Option<Bumped> = sqlx::query_as(AssertSqlSafe(sql))
         .bind(created_at)
         .bind(now)
         .bind(cid.to_string())
         .fetch_optional(crate::counted(&mut *tx.tx))
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let mut chs = vec![Channel::from(row)];
+    let mut chs = vec![Channel::from(row.channel)];
     let users = hydrate_channels_with(&mut tx.tx, &tx.cache, &mut chs, also).await?;
-    Ok(chs.pop().map(|ch| (ch, users)))
+    Ok(chs.pop().map(|ch| (ch, users, row.watcher_count)))
 }
 
 /// The assignments of a new message's channel update (`$1` its `created_at`, `$2` now).
@@ -629,6 +652,16 @@ pub(crate) fn read_states_sql(cid: &str, limit: &str) -> String {
     )
 }
 
+/// [`Store::get_channel_bare`] on `conn`.
+pub(crate) async fn bare_channel(conn: &mut AnyConnection, cache: &ConfigCache, cid: &str) -> Result<Option<Channel>> {
+    let sql = format!("SELECT {} FROM channel c WHERE c.cid = $1", channel_cols(rows::backend_of(conn)));
+    let row: Option<ChannelRow> =
+        sqlx::query_as(AssertSqlSafe(sql)).bind(cid.to_string()).fetch_optional(crate::counted(&mut *conn)).await?;
+    let Some(mut ch) = row.map(Channel::from) else { return Ok(None) };
+    ch.config = cache.types(conn).await?.get(&ch.kind).cloned();
+    Ok(Some(ch))
+}
+
 /// Loads a channel (soft-deleted ones too) with its creator, fork summary and type config.
 pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, cid: &str) -> Result<Option<Channel>> {
     Ok(load_channels(conn, cache, &[cid.to_string()]).await?.remove(cid))
@@ -639,7 +672,8 @@ pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, 
 pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache, cids: &[String]) -> Result<HashMap<String, Channel>> {
     let mut channels: Vec<Channel> = Vec::with_capacity(cids.len());
     for chunk in cids.chunks(500) {
-        let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid IN ({})", placeholders(1, chunk.len()));
+        let sql =
+            format!("SELECT {} FROM channel c WHERE c.cid IN ({})", channel_cols(rows::backend_of(conn)), placeholders(1, chunk.len()));
         let mut q = sqlx::query_as::<_, ChannelRow>(AssertSqlSafe(sql));
         for cid in chunk {
             q = q.bind(cid.clone());
@@ -650,8 +684,8 @@ pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache,
     Ok(channels.into_iter().map(|c| (c.cid.clone(), c)).collect())
 }
 
-/// Fills the creators, fork summaries and type configs of channels: two statements (types
-/// come from the cache), whatever their number.
+/// Fills the creators and type configs of channels (their fork summaries come with their rows,
+/// [`channel_cols`]): one statement (types come from the cache), whatever their number.
 pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {
     hydrate_channels_with(conn, cache, channels, &[]).await.map(|_| ())
 }
@@ -670,22 +704,9 @@ async fn hydrate_channels_with(
     let mut user_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
     user_ids.extend(also.iter().cloned());
     let creators = load_users(conn, &user_ids).await?;
-    let mut forks: HashMap<String, ForkSummary> = HashMap::new();
-    for chunk in channels.chunks(500) {
-        let sql = format!("SELECT {FORK_COLS} FROM fork f WHERE f.cid IN ({})", placeholders(1, chunk.len()));
-        let mut q = sqlx::query_as::<_, ForkSummaryRow>(AssertSqlSafe(sql));
-        for ch in chunk.iter() {
-            q = q.bind(ch.cid.clone());
-        }
-        for row in q.fetch_all(crate::counted(&mut *conn)).await? {
-            let fork = ForkSummary::try_from(row)?;
-            forks.insert(fork.channel_cid.clone(), fork);
-        }
-    }
     let types = cache.types(conn).await?;
     for ch in channels.iter_mut() {
         ch.created_by = ch.created_by_id.as_ref().and_then(|id| creators.get(id).cloned());
-        ch.fork = forks.remove(&ch.cid);
         ch.config = types.get(&ch.kind).cloned();
     }
     Ok(creators)

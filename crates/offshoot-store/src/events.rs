@@ -70,24 +70,30 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
 /// and coalesced (commits during a `NOTIFY` in flight share the next one). A `NOTIFY` inside
 /// a transaction would make its commit take PostgreSQL's database-wide notification lock and
 /// hold it through the commit's disk flush, so every writer would commit one at a time. The
-/// announcement needs no durability (consumers also poll), so its own commit does not wait for
-/// the flush. Ends when the pool is closed.
-pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio::sync::Notify>) {
+/// announcement needs no durability (consumers also poll): it is sent on a connection of its
+/// own whose commits do not wait for the flush, one statement each. Its payload is `origin`,
+/// this process's mark, so the process's own listener can ignore it (its consumers were woken
+/// at the commit). Ends when the pool is closed.
+pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio::sync::Notify>, origin: std::sync::Arc<str>) {
+    let mut conn: Option<sqlx::AnyConnection> = None;
     loop {
         pending.notified().await;
         if pool.is_closed() {
             return;
         }
-        // A transaction object, so a failure rolls back instead of returning the connection to
-        // the pool inside an open transaction.
         let sent = async {
-            let mut tx = pool.begin().await?;
-            sqlx::query("SET LOCAL synchronous_commit TO OFF").execute(&mut *tx).await?;
-            sqlx::query("SELECT pg_notify('offshoot_events', '')").execute(&mut *tx).await?;
-            tx.commit().await
+            if conn.is_none() {
+                // Out of the pool for good: its session setting must not reach other work.
+                let mut c = pool.acquire().await?.detach();
+                sqlx::Executor::execute(&mut c, "SET synchronous_commit TO OFF").await?;
+                conn = Some(c);
+            }
+            let c = conn.as_mut().expect("connected above");
+            sqlx::query("SELECT pg_notify('offshoot_events', $1)").bind(origin.to_string()).execute(&mut *c).await
         }
         .await;
         if let Err(e) = sent {
+            conn = None;
             if pool.is_closed() {
                 return;
             }
@@ -98,6 +104,14 @@ pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio:
         }
     }
 }
+
+/// The shortest time between the starts of two reads of the outbox by one consumer woken by
+/// commits: under a stream of commits a consumer reads every few of them at once instead of
+/// once per commit, and an event that comes alone is read at once. On PostgreSQL each read
+/// takes the outbox lock exclusively for a moment, which holds new writers back until the
+/// writers before it commit; at 750 sends a second the two consumers of a process read about
+/// once per send each (BENCHMARKS.md, tenth session).
+pub const OUTBOX_READ_GAP: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The advisory lock key of the outbox (writers shared, the horizon exclusive).
 const OUTBOX_LOCK: i64 = 7_261_001;

@@ -461,6 +461,7 @@ impl Store {
     /// create the channel, copy the newest page, announce.
     async fn create_fork_once(&self, req: &ForkRequest) -> Result<ForkOutcome> {
         let mut tx = self.begin().await?;
+        tx.custom_plans().await?;
         lock_channel(&mut tx, &req.source_cid).await?;
         let (kind, _) = ids::parse_cid(&req.source_cid)?;
         let fork_cid = ids::cid(&kind, &req.target_id);
@@ -782,6 +783,7 @@ impl Store {
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
         let early = self.plan_early(fork_cid).await?;
         let mut tx = self.begin_background().await?;
+        tx.custom_plans().await?;
         let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
             return Ok((BackfillStep::Done, None));
@@ -830,7 +832,11 @@ impl Store {
     /// source's truncation it was made for; `None` when the fork is planned (every page but the
     /// first), gone, finished or its source is gone.
     async fn plan_early(&self, fork_cid: &str) -> Result<Option<(Option<i64>, BackfillPlan)>> {
-        let mut conn = self.pool().acquire().await?;
+        // A read-only transaction only to plan its statements with their values (PostgreSQL).
+        let mut conn = self.pool().begin().await?;
+        if self.backend() == crate::Backend::Postgres {
+            crate::custom_plans(&mut conn).await?;
+        }
         let Some(f) = load_fork_row(&mut conn, fork_cid).await? else { return Ok(None) };
         if f.planned || f.summary.status != ForkStatus::Backfilling {
             return Ok(None);

@@ -85,6 +85,7 @@ pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMa
 pub use counted::count_statements;
 pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
+pub use events::OUTBOX_READ_GAP;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
@@ -257,6 +258,9 @@ pub struct Store {
     /// PostgreSQL: tells this process's announcer (`events::announce`) that events were
     /// committed, so that it sends other processes a `NOTIFY` outside the writers' transactions.
     announce: Arc<Notify>,
+    /// This store's mark in the payload of its `NOTIFY offshoot_events` (`events::announce`),
+    /// so its own listener does not wake its consumers a second time.
+    origin: Arc<str>,
     url: Arc<str>,
     /// App settings and channel types (`cache.rs`).
     cache: Arc<cache::ConfigCache>,
@@ -291,6 +295,17 @@ impl Tx {
         }
     }
 
+    /// On PostgreSQL, plans every further statement of this transaction with its values (one
+    /// statement: `SET LOCAL`). For the fork's statements: a generic plan cannot see that
+    /// `cid = $1` picks one channel among many of very different sizes, and scanned whole
+    /// indexes (BENCHMARKS.md, "Reading the figures" of the first round).
+    pub(crate) async fn custom_plans(&mut self) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            custom_plans(&mut self.tx).await?;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn commit(self, store: &Store) -> Result<()> {
         let Tx { mut tx, backend, events, .. } = self;
         let wrote = !events.is_empty();
@@ -304,6 +319,12 @@ impl Tx {
         }
         Ok(())
     }
+}
+
+/// `SET LOCAL plan_cache_mode = force_custom_plan` in the transaction of `conn` (PostgreSQL).
+pub(crate) async fn custom_plans(conn: &mut sqlx::AnyConnection) -> Result<()> {
+    sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan").execute(crate::counted(&mut *conn)).await?;
+    Ok(())
 }
 
 /// How long a SQLite write transaction waits for the database's write lock held by another
@@ -406,10 +427,13 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(30))
                     .after_connect(|conn, _| {
                         Box::pin(async move {
-                            // Prepared statements would switch to generic plans, which cannot
-                            // see that `cid = $1` is selective and scan whole indexes; plan each
-                            // execution with its values instead (a fraction of a millisecond).
-                            conn.execute("SET plan_cache_mode = force_custom_plan").await?;
+                            // Prepared statements keep PostgreSQL's default plan choice (a
+                            // generic plan once it is no dearer than the custom ones): the hot
+                            // writes and reads are key lookups whose plan does not depend on the
+                            // values, and planning them on every execution was a third of the
+                            // database's time under load (BENCHMARKS.md, tenth session). The
+                            // fork's statements, whose plans do, run under
+                            // [`Tx::custom_plans`].
                             // Every hot read here is a keyset page of one channel or thread
                             // (`cid = $1 … ORDER BY created_at DESC, id DESC LIMIT n`), which an
                             // ordered index scan answers by reading n rows. Without current
@@ -442,11 +466,12 @@ impl Store {
             Backend::Postgres => None,
         };
         let announce = Arc::new(Notify::new());
+        let origin: Arc<str> = offshoot_core::ids::new_id().into();
         let write_lock = (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default()));
         // SQLite (the one with a write lock) checkpoints its WAL; PostgreSQL announces events.
         match &write_lock {
             Some(lock) => drop(tokio::spawn(checkpoint(pool.clone(), lock.clone()))),
-            None => drop(tokio::spawn(events::announce(pool.clone(), announce.clone()))),
+            None => drop(tokio::spawn(events::announce(pool.clone(), announce.clone(), origin.clone()))),
         }
         Ok(Store {
             pool,
@@ -459,6 +484,7 @@ impl Store {
             writer,
             events: Arc::new(Notify::new()),
             announce,
+            origin,
             url: url.into(),
             cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
         })
@@ -502,7 +528,7 @@ impl Store {
                             while let Ok(n) = l.recv().await {
                                 if n.channel() == "offshoot_config" {
                                     self.cache.invalidate();
-                                } else {
+                                } else if n.payload() != &*self.origin {
                                     self.events.notify_waiters();
                                 }
                             }

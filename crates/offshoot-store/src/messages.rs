@@ -4,7 +4,7 @@
 use crate::channels::{
     event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL,
 };
-use crate::rows::{self, placeholders, ChannelRow, MessageRow, ReactionRow, CHANNEL_COLS, MESSAGE_COLS, REACTION_COLS};
+use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
@@ -175,7 +175,7 @@ impl Store {
     }
 
     /// A message as stored (not hydrated: no users, reactions, quote) with its channel's row
-    /// and type config (no creator, no fork summary), soft-deleted ones too: what a write's
+    /// with its fork summary and type config (no creator), soft-deleted ones too: what a write's
     /// checks read before its transaction (visibility, the author, the channel's deletion,
     /// truncation and limits), in two statements instead of [`Store::get_message_in_channel`]'s
     /// six. The write's transaction hydrates what it announces. `None` also when the channel
@@ -183,12 +183,7 @@ impl Store {
     pub async fn message_for_write(&self, id: &str) -> Result<Option<(Message, bool, Channel)>> {
         let mut conn = self.pool().acquire().await?;
         let Some((m, hidden)) = load_message(&mut conn, id).await? else { return Ok(None) };
-        let row: Option<ChannelRow> = sqlx::query_as(AssertSqlSafe(format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1")))
-            .bind(m.cid.clone())
-            .fetch_optional(crate::counted(&mut *conn))
-            .await?;
-        let Some(mut ch) = row.map(Channel::from) else { return Ok(None) };
-        ch.config = self.cache.types(&mut conn).await?.get(&ch.kind).cloned();
+        let Some(ch) = crate::channels::bare_channel(&mut conn, &self.cache, &m.cid).await? else { return Ok(None) };
         Ok(Some((m, hidden, ch)))
     }
 
@@ -200,19 +195,17 @@ impl Store {
     }
 
     /// The send's transaction. What the channel lock serialises is kept to one statement per
-    /// step: the channel's update locks and reads it (with its creator, fork summary and the
-    /// author in one more statement, its fork in another), the message row's insert also
-    /// checks that its id is free, one update counts it unread for every member it is unread
-    /// for, one read gives every recipient's totals, and the events go to the outbox with its
-    /// lock in one statement. The watcher count is read before the transaction: watches are
-    /// written under their users' locks, never the channel's (`presence.rs`), so reading it
-    /// under the channel lock made it no more exact.
+    /// step: the channel's update locks and reads it (with its fork summary and watcher count;
+    /// its creator and the author in one more statement), the message row's insert also checks
+    /// that its id is free, one update counts it unread for every member it is unread for, one
+    /// read gives every recipient's totals, and the events go to the outbox with its lock in one
+    /// statement.
     async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
-        let watchers = self.watcher_count(cid).await?;
         let mut tx = self.begin().await?;
         let now = time::now();
         let created_at = new.created_at.unwrap_or(now);
-        let Some((ch, mut users)) = lock_for_new_message(&mut tx, cid, created_at, now, std::slice::from_ref(&author.id)).await? else {
+        let Some((ch, mut users, watchers)) = lock_for_new_message(&mut tx, cid, created_at, now, std::slice::from_ref(&author.id)).await?
+        else {
             return not_found(format!("channel {cid:?} does not exist"));
         };
         if ch.deleted_at.is_some() {
@@ -735,7 +728,7 @@ pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
 /// Locks the channel of message `id` (then reads the message under that lock): the lock order
 /// for message writes is the channel row first (crate doc). The channel is found through the
 /// message and locked in one statement (a message never changes channel), and comes without
-/// its creator, fork summary or type, which no message write reads. `None` when the message
+/// its creator or type, which no message write reads. `None` when the message
 /// does not exist or a rewind hid it.
 pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channel, Message)>> {
     let Some(ch) = crate::channels::lock_channel_row(tx, "c.cid = (SELECT m.cid FROM message m WHERE m.id = $1)", id).await? else {

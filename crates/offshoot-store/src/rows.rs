@@ -147,7 +147,34 @@ impl From<UserRow> for User {
     }
 }
 
-pub(crate) const CHANNEL_COLS: &str = "c.cid, c.type, c.id, c.created_by_id, c.team, c.custom, c.frozen, c.disabled, c.created_at, c.updated_at, c.deleted_at, c.truncated_at, c.truncated_by_id, c.last_message_at, c.message_count, (SELECT COUNT(*) FROM member mm WHERE mm.cid = c.cid) AS member_count";
+/// The columns of a [`ChannelRow`] on alias `c`, for `backend`: the channel's own, its member
+/// count and its fork summary, a JSON array of [`FORK_COLS`] (NULL when it is not a fork), so a
+/// channel comes with its fork in the one statement that reads it.
+pub(crate) fn channel_cols(backend: crate::Backend) -> &'static str {
+    macro_rules! cols {
+        ($json_array:literal) => {
+            concat!(
+                "c.cid, c.type, c.id, c.created_by_id, c.team, c.custom, c.frozen, c.disabled, c.created_at, c.updated_at, c.deleted_at, c.truncated_at, c.truncated_by_id, c.last_message_at, c.message_count, ",
+                "(SELECT COUNT(*) FROM member mm WHERE mm.cid = c.cid) AS member_count, ",
+                "(SELECT ",
+                $json_array,
+                " FROM fork f WHERE f.cid = c.cid) AS fork"
+            )
+        };
+    }
+    match backend {
+        crate::Backend::Sqlite => cols!("json_array(f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at)"),
+        crate::Backend::Postgres => cols!("CAST(json_build_array(f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at) AS TEXT)"),
+    }
+}
+
+/// The backend a connection speaks.
+pub(crate) fn backend_of(conn: &AnyConnection) -> crate::Backend {
+    match conn.backend_name() {
+        "SQLite" => crate::Backend::Sqlite,
+        _ => crate::Backend::Postgres,
+    }
+}
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct ChannelRow {
@@ -168,10 +195,32 @@ pub(crate) struct ChannelRow {
     last_message_at: Option<i64>,
     message_count: i64,
     member_count: i64,
+    fork: Option<ForkJson>,
+}
+
+/// A fork summary read as the JSON array of a channel row ([`channel_cols`]); a status this
+/// version does not know fails the row's decoding, as it fails a fork row's.
+pub(crate) struct ForkJson(ForkSummary);
+
+impl Type<Any> for ForkJson {
+    fn type_info() -> AnyTypeInfo {
+        <String as Type<Any>>::type_info()
+    }
+    fn compatible(ty: &AnyTypeInfo) -> bool {
+        <String as Type<Any>>::compatible(ty)
+    }
+}
+
+impl<'r> Decode<'r, Any> for ForkJson {
+    fn decode(value: <Any as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        let Json(row) = <Json<ForkSummaryRow> as Decode<Any>>::decode(value)?;
+        Ok(ForkJson(ForkSummary::try_from(row)?))
+    }
 }
 
 impl From<ChannelRow> for Channel {
     fn from(r: ChannelRow) -> Channel {
+        let fork = r.fork.map(|f| f.0);
         Channel {
             cid: r.cid,
             kind: r.kind,
@@ -190,7 +239,7 @@ impl From<ChannelRow> for Channel {
             last_message_at: r.last_message_at,
             member_count: r.member_count,
             message_count: r.message_count,
-            fork: None,
+            fork,
             config: None,
         }
     }
@@ -347,7 +396,9 @@ impl From<ReactionRow> for Reaction {
 
 pub(crate) const FORK_COLS: &str = "f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at";
 
-#[derive(sqlx::FromRow)]
+/// A fork row's summary columns ([`FORK_COLS`]), read as sqlx columns or as the JSON array of a
+/// channel row ([`channel_cols`]).
+#[derive(sqlx::FromRow, Deserialize)]
 pub(crate) struct ForkSummaryRow {
     cid: String,
     source_cid: String,

@@ -120,13 +120,15 @@ pub(crate) async fn clear(tx: &mut Tx, cid: &str, user: &str) -> Result<()> {
 /// The plan must start from the users' member rows (`member` by `user_id`) whatever the
 /// statistics: PostgreSQL run without them (autovacuum off) took `channel … deleted_at IS NULL`
 /// for one row and scanned every channel of the database for each send (BENCHMARKS.md, fourth
-/// session). The channel's liveness is therefore a correlated lookup by primary key, which the
-/// planner cannot turn into a join of its choosing; a member row of a missing channel counts
-/// as deleted, as the join did.
+/// session). The channel's deletion is therefore a correlated lookup, which the planner cannot
+/// turn into a join of its choosing, and it looks in the index of deleted channels only
+/// (`channel_deleted`): the channel rows themselves are rewritten by every send, and reading
+/// them was the largest cost of a send on PostgreSQL (BENCHMARKS.md, tenth session). Member rows
+/// exist only for existing channels (a hard delete removes them with the channel).
 const TOTALS: &str = "SELECT mb.user_id AS user_id, CAST(SUM(mb.unread_count) AS BIGINT) AS total, \
      CAST(SUM(CASE WHEN mb.unread_count > 0 THEN 1 ELSE 0 END) AS BIGINT) AS channels \
      FROM member mb \
-     WHERE (SELECT CASE WHEN c.deleted_at IS NULL THEN 1 ELSE 0 END FROM channel c WHERE c.cid = mb.cid) = 1 AND";
+     WHERE (SELECT COUNT(*) FROM channel c WHERE c.cid = mb.cid AND c.deleted_at IS NOT NULL) = 0 AND";
 
 /// One row of [`TOTALS`].
 #[derive(sqlx::FromRow)]

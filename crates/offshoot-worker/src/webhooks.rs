@@ -107,11 +107,15 @@ pub async fn relay(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut failing = false;
     let mut cursor = Cursor::default();
     tracing::info!("webhook queueing started");
+    let mut read_at = tokio::time::Instant::now();
     loop {
         // Registered before reading, so a commit during the read still wakes the next wait.
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // Paced: at most one read per gap while commits keep waking it.
+        tokio::time::sleep_until(read_at + offshoot_store::OUTBOX_READ_GAP).await;
+        read_at = tokio::time::Instant::now();
         match queue_new(&shared, &mut cursor).await {
             Ok(()) if failing => {
                 failing = false;

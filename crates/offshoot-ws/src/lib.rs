@@ -233,11 +233,15 @@ impl Hub {
         let notify = self.store.event_notify();
         let mut cursor: Option<i64> = None;
         let mut failing = false;
+        let mut read_at = tokio::time::Instant::now();
         loop {
             // Registered before reading, so a commit during the read still wakes the next wait.
             let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // Paced: at most one read per gap while commits keep waking it.
+            tokio::time::sleep_until(read_at + offshoot_store::OUTBOX_READ_GAP).await;
+            read_at = tokio::time::Instant::now();
             let result = match cursor {
                 None => self.store.last_event_seq().await.map(|seq| {
                     offshoot_store::set_consumer_cursor("websocket", seq);
