@@ -3,7 +3,7 @@
 use crate::cache::ConfigCache;
 use crate::messages::{arguments, insert_new_message, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
-use crate::rows::{self, channel_cols, placeholders, ChannelRow, MemberRow, MEMBER_COLS};
+use crate::rows::{self, channel_cols, placeholders, user_json, ChannelRow, MemberRow, UserJson, MEMBER_COLS};
 use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
@@ -472,23 +472,24 @@ pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) ->
 }
 
 /// Records a new message on its channel (`last_message_at`, `message_count`, `updated_at`) and
-/// returns the channel as written, with its creator, fork summary and type, the users `also`
-/// names (loaded with the creator, in one statement), and how many users watch it. The update
-/// takes the channel's row lock, so it is the first step of a send (crate doc, lock order): the
-/// lock, the read and the write are one statement. A send that fails a check afterwards rolls
-/// it back.
+/// returns the channel as written, with its creator, fork summary and type, the stored user
+/// `author` (`None` when there is none yet) and how many users watch the channel, all from the
+/// one statement that takes the channel's row lock: the first step of a send (crate doc, lock
+/// order). A send that fails a check afterwards rolls it back.
 pub(crate) async fn lock_for_new_message(
     tx: &mut Tx,
     cid: &str,
     created_at: i64,
     now: i64,
-    also: &[String],
-) -> Result<Option<(Channel, HashMap<String, User>, i64)>> {
+    author: &str,
+) -> Result<Option<(Channel, Option<User>, i64)>> {
     #[derive(sqlx::FromRow)]
     struct Bumped {
         #[sqlx(flatten)]
         channel: ChannelRow,
         watcher_count: i64,
+        creator: Option<UserJson>,
+        author: Option<UserJson>,
     }
     // SQLite's RETURNING takes no table alias: the channel's columns by the table's name.
     let returning = channel_cols(tx.backend)
@@ -500,18 +501,23 @@ pub(crate) async fn lock_for_new_message(
     // count is what any read at this moment would give.
     let sql = format!(
         "UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3 RETURNING {returning}, \
-         (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count"
+         (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count, \
+         {} AS creator, {} AS author",
+        user_json(tx.backend, "channel.created_by_id"),
+        user_json(tx.backend, "$4"),
     );
     let row: Option<Bumped> = sqlx::query_as(AssertSqlSafe(sql))
         .bind(created_at)
         .bind(now)
         .bind(cid.to_string())
+        .bind(author.to_string())
         .fetch_optional(crate::counted(&mut *tx.tx))
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let mut chs = vec![Channel::from(row.channel)];
-    let users = hydrate_channels_with(&mut tx.tx, &tx.cache, &mut chs, also).await?;
-    Ok(chs.pop().map(|ch| (ch, users, row.watcher_count)))
+    let mut ch = Channel::from(row.channel);
+    ch.created_by = row.creator.map(|u| u.0);
+    ch.config = tx.cache.types(&mut tx.tx).await?.get(&ch.kind).cloned();
+    Ok(Some((ch, row.author.map(|u| u.0), row.watcher_count)))
 }
 
 /// The assignments of a new message's channel update (`$1` its `created_at`, `$2` now).
@@ -687,29 +693,17 @@ pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache,
 /// Fills the creators and type configs of channels (their fork summaries come with their rows,
 /// [`channel_cols`]): one statement (types come from the cache), whatever their number.
 pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {
-    hydrate_channels_with(conn, cache, channels, &[]).await.map(|_| ())
-}
-
-/// [`hydrate_channels`], loading the users `also` names with the creators; returns every user
-/// it loaded.
-async fn hydrate_channels_with(
-    conn: &mut AnyConnection,
-    cache: &ConfigCache,
-    channels: &mut [Channel],
-    also: &[String],
-) -> Result<HashMap<String, User>> {
     if channels.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(());
     }
-    let mut user_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
-    user_ids.extend(also.iter().cloned());
+    let user_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
     let creators = load_users(conn, &user_ids).await?;
     let types = cache.types(conn).await?;
     for ch in channels.iter_mut() {
         ch.created_by = ch.created_by_id.as_ref().and_then(|id| creators.get(id).cloned());
         ch.config = types.get(&ch.kind).cloned();
     }
-    Ok(creators)
+    Ok(())
 }
 
 pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {

@@ -195,23 +195,21 @@ impl Store {
     }
 
     /// The send's transaction. What the channel lock serialises is kept to one statement per
-    /// step: the channel's update locks and reads it (with its fork summary and watcher count;
-    /// its creator and the author in one more statement), the message row's insert also checks
-    /// that its id is free, one update counts it unread for every member it is unread for, one
+    /// step: the channel's update locks and reads it with its fork summary, watcher count,
+    /// creator and the author, the message row's insert also checks that its id is free, one update counts it unread for every member it is unread for, one
     /// read gives every recipient's totals, and the events go to the outbox with its lock in one
     /// statement.
     async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
         let mut tx = self.begin().await?;
         let now = time::now();
         let created_at = new.created_at.unwrap_or(now);
-        let Some((ch, mut users, watchers)) = lock_for_new_message(&mut tx, cid, created_at, now, std::slice::from_ref(&author.id)).await?
-        else {
+        let Some((ch, stored, watchers)) = lock_for_new_message(&mut tx, cid, created_at, now, &author.id).await? else {
             return not_found(format!("channel {cid:?} does not exist"));
         };
         if ch.deleted_at.is_some() {
             return not_found(format!("channel {cid:?} was deleted"));
         }
-        let author = match users.remove(&author.id) {
+        let author = match stored {
             Some(stored) => stored,
             None => ensure_user(&mut tx, author).await?,
         };

@@ -106,7 +106,9 @@ pub(crate) const USER_COLS: &str =
 pub(crate) const USER_ONLINE: &str =
     "(app_user.invisible = FALSE AND EXISTS (SELECT 1 FROM ws_connection wc WHERE wc.user_id = app_user.id)) AS online";
 
-#[derive(sqlx::FromRow)]
+/// A user row, read as sqlx columns ([`USER_COLS`] and [`USER_ONLINE`]) or as the JSON array of
+/// [`user_json`].
+#[derive(sqlx::FromRow, Deserialize)]
 pub(crate) struct UserRow {
     id: String,
     role: String,
@@ -144,6 +146,38 @@ impl From<UserRow> for User {
             last_active: r.last_active,
             online: r.online.0,
         }
+    }
+}
+
+/// A scalar subquery giving the user whose id is `key` (an SQL expression) as a JSON array of
+/// [`USER_COLS`] and its `online` flag, NULL when there is none: a user read inside another
+/// statement ([`UserJson`]).
+pub(crate) fn user_json(backend: crate::Backend, key: &str) -> String {
+    let cols: Vec<String> = USER_COLS.split(", ").map(|c| format!("u.{c}")).collect();
+    let online = "(u.invisible = FALSE AND EXISTS (SELECT 1 FROM ws_connection wc WHERE wc.user_id = u.id))";
+    let array = match backend {
+        crate::Backend::Sqlite => format!("json_array({}, {online})", cols.join(", ")),
+        crate::Backend::Postgres => format!("CAST(json_build_array({}, {online}) AS TEXT)", cols.join(", ")),
+    };
+    format!("(SELECT {array} FROM app_user u WHERE u.id = {key})")
+}
+
+/// A user read as the JSON array of [`user_json`].
+pub(crate) struct UserJson(pub User);
+
+impl Type<Any> for UserJson {
+    fn type_info() -> AnyTypeInfo {
+        <String as Type<Any>>::type_info()
+    }
+    fn compatible(ty: &AnyTypeInfo) -> bool {
+        <String as Type<Any>>::compatible(ty)
+    }
+}
+
+impl<'r> Decode<'r, Any> for UserJson {
+    fn decode(value: <Any as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        let Json(row) = <Json<UserRow> as Decode<Any>>::decode(value)?;
+        Ok(UserJson(User::from(row)))
     }
 }
 

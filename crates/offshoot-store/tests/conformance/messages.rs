@@ -668,8 +668,8 @@ async fn a_send_sends_the_same_number_of_statements_in_a_small_channel_and_a_big
 /// those of the write's transaction are made while it holds its channel's lock (and, on
 /// PostgreSQL, the last of them with the outbox lock), so one more is one more wait for every
 /// writer queued behind it. A send: the channel update that locks and returns the channel with
-/// its fork summary and watcher count, its creator with the author, the message insert (which
-/// also checks the id), the unread counters, the recipients' totals, the events. A partial update: the channel locked through the message, the message,
+/// its fork summary, watcher count, creator and the author, the message insert (which also
+/// checks the id), the unread counters, the recipients' totals, the events. A partial update: the channel locked through the message, the message,
 /// its update, its reactions, its users, the event.
 #[tokio::test]
 async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
@@ -680,7 +680,7 @@ async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
         // On PostgreSQL the channel types are cached only while the notification listener
         // runs (`cache.rs`), which this suite does not start: one more read of them.
         let types = u64::from(s.backend() == offshoot_store::Backend::Postgres);
-        assert_eq!(send_statements(s, &ch.cid, "stmt-fixed-send").await, 6 + types, "statements of one send");
+        assert_eq!(send_statements(s, &ch.cid, "stmt-fixed-send").await, 5 + types, "statements of one send");
         let (updated, statements) = offshoot_store::count_statements(s.update_message("stmt-fixed-send", &user("amy"), |m| {
             m.text = "hello again".into();
             Ok(())
@@ -688,6 +688,51 @@ async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
         .await;
         assert_eq!(updated.expect("update").text, "hello again");
         assert_eq!(statements, 6, "statements of one partial update");
+    })
+    .await;
+}
+
+/// A send reads its author and its channel's creator inside the channel update that locks the
+/// channel (as JSON, `rows::user_json`): both must come out exactly as a plain read of the
+/// user gives them, every field, and an author that does not exist yet is created.
+#[tokio::test]
+async fn a_send_carries_its_author_and_its_channels_creator_exactly_as_stored() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let mut custom = serde_json::Map::new();
+        custom.insert("color".into(), json!("red"));
+        custom.insert("nested".into(), json!({"a": [1, 2], "quote": "say \"hi\""}));
+        let rich = offshoot_store::UserInput {
+            id: "rich".into(),
+            role: Some("admin".into()),
+            name: Some("Rich O'Brien".into()),
+            language: Some("fr".into()),
+            teams: Some(vec!["red".into(), "blue".into()]),
+            custom: custom.clone(),
+            ..Default::default()
+        };
+        let plain = offshoot_store::UserInput { id: "plain".into(), invisible: Some(true), ..Default::default() };
+        // After the channel: making it upserts its creator and members plainly.
+        let ch = crate::support::channel_of(s, "agent", "users-json", "rich", &["plain"]).await;
+        s.upsert_users(&[rich, plain]).await.expect("upsert");
+        let before = events_since(s, 0).await.last().map_or(0, |e| e.seq);
+        let sent = s.send_message(&ch.cid, &msg("uj-1", "hello"), &user("plain")).await.expect("send");
+        let stored_plain = s.get_user("plain").await.expect("read").expect("exists");
+        assert_eq!(sent.user.as_ref(), Some(&stored_plain), "the author as stored");
+        assert!(stored_plain.invisible);
+        let note = events_since(s, before)
+            .await
+            .into_iter()
+            .find(|e| e.event.kind == "notification.message_new")
+            .expect("notification.message_new");
+        let creator = note.event.channel.and_then(|c| c.created_by).expect("the channel's creator");
+        assert_eq!(creator, s.get_user("rich").await.expect("read").expect("exists"), "the creator as stored");
+        assert_eq!(creator.custom, custom);
+        assert_eq!(creator.teams, vec!["red".to_string(), "blue".to_string()]);
+        // An author nobody created yet is created by the send.
+        let newcomer = s.send_message(&ch.cid, &msg("uj-2", "first words"), &user("newcomer")).await.expect("send as a new user");
+        assert_eq!(newcomer.user.map(|u| u.id), Some("newcomer".to_string()));
+        assert!(s.get_user("newcomer").await.expect("read").is_some(), "the author was created");
     })
     .await;
 }
