@@ -3,11 +3,11 @@
 use crate::cache::ConfigCache;
 use crate::messages::{arguments, insert_new_message, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
-use crate::rows::{self, channel_cols, placeholders, user_json, ChannelRow, MemberRow, UserJson, MEMBER_COLS};
+use crate::rows::{self, fork_json, placeholders, user_json, ChannelRow, MemberRow, Nested, CHANNEL_COLS, MEMBER_COLS};
 use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
 use crate::{domain, not_found, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, Custom, Event, Member, Message, NewMessage, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -315,8 +315,7 @@ impl Store {
     /// summary and type config (a fixed number of statements).
     pub async fn query_channels(&self, f: &ChannelFilter) -> Result<Vec<Channel>> {
         let mut b = SqlBuilder::new(self.backend(), Vec::new());
-        let mut sql =
-            format!("SELECT {} FROM channel c WHERE c.deleted_at IS NULL{}", channel_cols(self.backend()), filter_conditions(f, &mut b)?);
+        let mut sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.deleted_at IS NULL{}", filter_conditions(f, &mut b)?);
         let order = channel_order(&mut b, &f.sort);
         sql.push_str(&format!(" ORDER BY {order} LIMIT {} OFFSET {}", f.limit.clamp(0, 300), f.offset.clamp(0, 10_000)));
         let mut conn = self.pool().acquire().await?;
@@ -465,7 +464,7 @@ pub(crate) async fn lock_and_load(tx: &mut Tx, cid: &str) -> Result<Option<Chann
 /// `key` as `$1`) with its fork summary, without its creator or type: for writes that need only
 /// the row's own fields (its cid, type, id and truncation).
 pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) -> Result<Option<Channel>> {
-    let sql = format!("SELECT {} FROM channel c WHERE {condition}{}", channel_cols(tx.backend), tx.for_update());
+    let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE {condition}{}", tx.for_update());
     let row: Option<ChannelRow> =
         sqlx::query_as(AssertSqlSafe(sql)).bind(key.to_string()).fetch_optional(crate::counted(&mut *tx.tx)).await?;
     Ok(row.map(Channel::from))
@@ -473,9 +472,10 @@ pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) ->
 
 /// Records a new message on its channel (`last_message_at`, `message_count`, `updated_at`) and
 /// returns the channel as written, with its creator, fork summary and type, the stored user
-/// `author` (`None` when there is none yet) and how many users watch the channel, all from the
-/// one statement that takes the channel's row lock: the first step of a send (crate doc, lock
-/// order). A send that fails a check afterwards rolls it back.
+/// `author` (`None` when there is none yet) and how many users watch the channel. The update
+/// takes the channel's row lock, so it is the first step of a send (crate doc, lock order): the
+/// lock, the row's read and its write are one statement; the rest is read by the next one,
+/// after the lock ([`channel_extras`]). A send that fails a check afterwards rolls it back.
 pub(crate) async fn lock_for_new_message(
     tx: &mut Tx,
     cid: &str,
@@ -488,36 +488,28 @@ pub(crate) async fn lock_for_new_message(
         #[sqlx(flatten)]
         channel: ChannelRow,
         watcher_count: i64,
-        creator: Option<UserJson>,
-        author: Option<UserJson>,
     }
     // SQLite's RETURNING takes no table alias: the channel's columns by the table's name.
-    let returning = channel_cols(tx.backend)
-        .split(", ")
-        .map(|c| c.trim_start_matches("c.").replace("= c.", "= channel."))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let returning =
+        CHANNEL_COLS.split(", ").map(|c| c.trim_start_matches("c.").replace("= c.", "= channel.")).collect::<Vec<_>>().join(", ");
     // Watches are written under their users' locks, never the channel's (`presence.rs`): the
     // count is what any read at this moment would give.
     let sql = format!(
         "UPDATE channel SET {BUMP_CHANNEL} WHERE cid = $3 RETURNING {returning}, \
-         (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count, \
-         {} AS creator, {} AS author",
-        user_json(tx.backend, "channel.created_by_id"),
-        user_json(tx.backend, "$4"),
+         (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count"
     );
     let row: Option<Bumped> = sqlx::query_as(AssertSqlSafe(sql))
         .bind(created_at)
         .bind(now)
         .bind(cid.to_string())
-        .bind(author.to_string())
         .fetch_optional(crate::counted(&mut *tx.tx))
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let mut ch = Channel::from(row.channel);
-    ch.created_by = row.creator.map(|u| u.0);
+    let mut chs = [Channel::from(row.channel)];
+    let author = channel_extras(&mut tx.tx, &mut chs, Some(author)).await?;
+    let [mut ch] = chs;
     ch.config = tx.cache.types(&mut tx.tx).await?.get(&ch.kind).cloned();
-    Ok(Some((ch, row.author.map(|u| u.0), row.watcher_count)))
+    Ok(Some((ch, author, row.watcher_count)))
 }
 
 /// The assignments of a new message's channel update (`$1` its `created_at`, `$2` now).
@@ -660,7 +652,7 @@ pub(crate) fn read_states_sql(cid: &str, limit: &str) -> String {
 
 /// [`Store::get_channel_bare`] on `conn`.
 pub(crate) async fn bare_channel(conn: &mut AnyConnection, cache: &ConfigCache, cid: &str) -> Result<Option<Channel>> {
-    let sql = format!("SELECT {} FROM channel c WHERE c.cid = $1", channel_cols(rows::backend_of(conn)));
+    let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid = $1");
     let row: Option<ChannelRow> =
         sqlx::query_as(AssertSqlSafe(sql)).bind(cid.to_string()).fetch_optional(crate::counted(&mut *conn)).await?;
     let Some(mut ch) = row.map(Channel::from) else { return Ok(None) };
@@ -678,8 +670,7 @@ pub(crate) async fn load_channel(conn: &mut AnyConnection, cache: &ConfigCache, 
 pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache, cids: &[String]) -> Result<HashMap<String, Channel>> {
     let mut channels: Vec<Channel> = Vec::with_capacity(cids.len());
     for chunk in cids.chunks(500) {
-        let sql =
-            format!("SELECT {} FROM channel c WHERE c.cid IN ({})", channel_cols(rows::backend_of(conn)), placeholders(1, chunk.len()));
+        let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid IN ({})", placeholders(1, chunk.len()));
         let mut q = sqlx::query_as::<_, ChannelRow>(AssertSqlSafe(sql));
         for cid in chunk {
             q = q.bind(cid.clone());
@@ -690,20 +681,58 @@ pub(crate) async fn load_channels(conn: &mut AnyConnection, cache: &ConfigCache,
     Ok(channels.into_iter().map(|c| (c.cid.clone(), c)).collect())
 }
 
-/// Fills the creators and type configs of channels (their fork summaries come with their rows,
-/// [`channel_cols`]): one statement (types come from the cache), whatever their number.
+/// Fills the creators, fork summaries and type configs of channels: one statement
+/// ([`channel_extras`]; types come from the cache), whatever their number.
 pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCache, channels: &mut [Channel]) -> Result<()> {
     if channels.is_empty() {
         return Ok(());
     }
-    let user_ids: Vec<String> = channels.iter().filter_map(|c| c.created_by_id.clone()).collect();
-    let creators = load_users(conn, &user_ids).await?;
+    channel_extras(conn, channels, None).await?;
     let types = cache.types(conn).await?;
     for ch in channels.iter_mut() {
-        ch.created_by = ch.created_by_id.as_ref().and_then(|id| creators.get(id).cloned());
         ch.config = types.get(&ch.kind).cloned();
     }
     Ok(())
+}
+
+/// Reads what a channel row does not hold, its fork summary and its creator, into `channels`
+/// (one statement per 500), and the user `also` names in the same statement (a send's author;
+/// `None` when it does not exist). Never in the statement that locks a channel: on PostgreSQL a
+/// statement sees the database as it was when it began, before any wait for the lock, so a
+/// fork summary read there could miss the backfill page that held the lock (the
+/// `UPDATE … RETURNING` of a send, `SELECT … FOR UPDATE`); read after the lock, it is current.
+async fn channel_extras(conn: &mut AnyConnection, channels: &mut [Channel], also: Option<&str>) -> Result<Option<User>> {
+    type Extras = (String, Option<Nested<ForkSummary>>, Option<Nested<User>>, Option<Nested<User>>);
+    let backend = rows::backend_of(conn);
+    let mut found: HashMap<String, (Option<ForkSummary>, Option<User>)> = HashMap::new();
+    let mut also_user = None;
+    for chunk in channels.chunks(500) {
+        let also_col = match also {
+            Some(_) => user_json(backend, &format!("${}", chunk.len() + 1)),
+            None => "CAST(NULL AS TEXT)".to_string(),
+        };
+        let sql = format!(
+            "SELECT c.cid, {} AS fork, {} AS creator, {also_col} AS also FROM channel c WHERE c.cid IN ({})",
+            fork_json(backend, "c.cid"),
+            user_json(backend, "c.created_by_id"),
+            placeholders(1, chunk.len())
+        );
+        let mut q = sqlx::query_as::<_, Extras>(AssertSqlSafe(sql));
+        for ch in chunk {
+            q = q.bind(ch.cid.clone());
+        }
+        if let Some(id) = also {
+            q = q.bind(id.to_string());
+        }
+        for (cid, fork, creator, also) in q.fetch_all(crate::counted(&mut *conn)).await? {
+            found.insert(cid, (fork.map(|f| f.0), creator.map(|u| u.0)));
+            also_user = also_user.or(also.map(|u| u.0));
+        }
+    }
+    for ch in channels.iter_mut() {
+        (ch.fork, ch.created_by) = found.remove(&ch.cid).unwrap_or_default();
+    }
+    Ok(also_user)
 }
 
 pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64, offset: i64) -> Result<Vec<Member>> {

@@ -195,8 +195,9 @@ impl Store {
     }
 
     /// The send's transaction. What the channel lock serialises is kept to one statement per
-    /// step: the channel's update locks and reads it with its fork summary, watcher count,
-    /// creator and the author, the message row's insert also checks that its id is free, one update counts it unread for every member it is unread for, one
+    /// step: the channel's update locks and reads it with its watcher count, the next statement
+    /// reads its fork summary, creator and the author, the message row's insert also checks
+    /// that its id is free, one update counts it unread for every member it is unread for, one
     /// read gives every recipient's totals, and the events go to the outbox with its lock in one
     /// statement.
     async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {

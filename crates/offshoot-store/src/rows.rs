@@ -151,7 +151,7 @@ impl From<UserRow> for User {
 
 /// A scalar subquery giving the user whose id is `key` (an SQL expression) as a JSON array of
 /// [`USER_COLS`] and its `online` flag, NULL when there is none: a user read inside another
-/// statement ([`UserJson`]).
+/// statement ([`Nested`]).
 pub(crate) fn user_json(backend: crate::Backend, key: &str) -> String {
     let cols: Vec<String> = USER_COLS.split(", ").map(|c| format!("u.{c}")).collect();
     let online = "(u.invisible = FALSE AND EXISTS (SELECT 1 FROM ws_connection wc WHERE wc.user_id = u.id))";
@@ -162,10 +162,32 @@ pub(crate) fn user_json(backend: crate::Backend, key: &str) -> String {
     format!("(SELECT {array} FROM app_user u WHERE u.id = {key})")
 }
 
-/// A user read as the JSON array of [`user_json`].
-pub(crate) struct UserJson(pub User);
+/// A row read as a JSON array inside another statement ([`user_json`], [`fork_json`]) and turned
+/// into its domain value; a value the conversion refuses (a fork status this version does not
+/// know) fails the row's decoding, as it fails the row read as columns.
+pub(crate) struct Nested<T>(pub T);
 
-impl Type<Any> for UserJson {
+/// The domain values [`Nested`] reads: their row shape, and the conversion.
+pub(crate) trait FromNested: Sized {
+    type Row: DeserializeOwned;
+    fn from_row(row: Self::Row) -> Result<Self, StoreError>;
+}
+
+impl FromNested for User {
+    type Row = UserRow;
+    fn from_row(row: UserRow) -> Result<User, StoreError> {
+        Ok(User::from(row))
+    }
+}
+
+impl FromNested for ForkSummary {
+    type Row = ForkSummaryRow;
+    fn from_row(row: ForkSummaryRow) -> Result<ForkSummary, StoreError> {
+        ForkSummary::try_from(row)
+    }
+}
+
+impl<T> Type<Any> for Nested<T> {
     fn type_info() -> AnyTypeInfo {
         <String as Type<Any>>::type_info()
     }
@@ -174,33 +196,24 @@ impl Type<Any> for UserJson {
     }
 }
 
-impl<'r> Decode<'r, Any> for UserJson {
+impl<'r, T: FromNested> Decode<'r, Any> for Nested<T> {
     fn decode(value: <Any as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
-        let Json(row) = <Json<UserRow> as Decode<Any>>::decode(value)?;
-        Ok(UserJson(User::from(row)))
+        let Json(row) = <Json<T::Row> as Decode<Any>>::decode(value)?;
+        Ok(Nested(T::from_row(row)?))
     }
 }
 
-/// The columns of a [`ChannelRow`] on alias `c`, for `backend`: the channel's own, its member
-/// count and its fork summary, a JSON array of [`FORK_COLS`] (NULL when it is not a fork), so a
-/// channel comes with its fork in the one statement that reads it.
-pub(crate) fn channel_cols(backend: crate::Backend) -> &'static str {
-    macro_rules! cols {
-        ($json_array:literal) => {
-            concat!(
-                "c.cid, c.type, c.id, c.created_by_id, c.team, c.custom, c.frozen, c.disabled, c.created_at, c.updated_at, c.deleted_at, c.truncated_at, c.truncated_by_id, c.last_message_at, c.message_count, ",
-                "(SELECT COUNT(*) FROM member mm WHERE mm.cid = c.cid) AS member_count, ",
-                "(SELECT ",
-                $json_array,
-                " FROM fork f WHERE f.cid = c.cid) AS fork"
-            )
-        };
-    }
-    match backend {
-        crate::Backend::Sqlite => cols!("json_array(f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at)"),
-        crate::Backend::Postgres => cols!("CAST(json_build_array(f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at) AS TEXT)"),
-    }
+/// A scalar subquery giving the fork summary of channel `cid` (an SQL expression) as a JSON
+/// array of [`FORK_COLS`], NULL when the channel is not a fork.
+pub(crate) fn fork_json(backend: crate::Backend, cid: &str) -> String {
+    let array = match backend {
+        crate::Backend::Sqlite => format!("json_array({FORK_COLS})"),
+        crate::Backend::Postgres => format!("CAST(json_build_array({FORK_COLS}) AS TEXT)"),
+    };
+    format!("(SELECT {array} FROM fork f WHERE f.cid = {cid})")
 }
+
+pub(crate) const CHANNEL_COLS: &str = "c.cid, c.type, c.id, c.created_by_id, c.team, c.custom, c.frozen, c.disabled, c.created_at, c.updated_at, c.deleted_at, c.truncated_at, c.truncated_by_id, c.last_message_at, c.message_count, (SELECT COUNT(*) FROM member mm WHERE mm.cid = c.cid) AS member_count";
 
 /// The backend a connection speaks.
 pub(crate) fn backend_of(conn: &AnyConnection) -> crate::Backend {
@@ -229,32 +242,10 @@ pub(crate) struct ChannelRow {
     last_message_at: Option<i64>,
     message_count: i64,
     member_count: i64,
-    fork: Option<ForkJson>,
-}
-
-/// A fork summary read as the JSON array of a channel row ([`channel_cols`]); a status this
-/// version does not know fails the row's decoding, as it fails a fork row's.
-pub(crate) struct ForkJson(ForkSummary);
-
-impl Type<Any> for ForkJson {
-    fn type_info() -> AnyTypeInfo {
-        <String as Type<Any>>::type_info()
-    }
-    fn compatible(ty: &AnyTypeInfo) -> bool {
-        <String as Type<Any>>::compatible(ty)
-    }
-}
-
-impl<'r> Decode<'r, Any> for ForkJson {
-    fn decode(value: <Any as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
-        let Json(row) = <Json<ForkSummaryRow> as Decode<Any>>::decode(value)?;
-        Ok(ForkJson(ForkSummary::try_from(row)?))
-    }
 }
 
 impl From<ChannelRow> for Channel {
     fn from(r: ChannelRow) -> Channel {
-        let fork = r.fork.map(|f| f.0);
         Channel {
             cid: r.cid,
             kind: r.kind,
@@ -273,7 +264,7 @@ impl From<ChannelRow> for Channel {
             last_message_at: r.last_message_at,
             member_count: r.member_count,
             message_count: r.message_count,
-            fork,
+            fork: None,
             config: None,
         }
     }
@@ -430,8 +421,8 @@ impl From<ReactionRow> for Reaction {
 
 pub(crate) const FORK_COLS: &str = "f.cid, f.source_cid, f.source_message_id, f.status, f.copied_message_count, f.total_message_count, f.truncated, f.oldest_source_message_id, f.failed_reason, f.task_id, f.created_by_id, f.created_at, f.updated_at";
 
-/// A fork row's summary columns ([`FORK_COLS`]), read as sqlx columns or as the JSON array of a
-/// channel row ([`channel_cols`]).
+/// A fork row's summary columns ([`FORK_COLS`]), read as sqlx columns or as the JSON array of
+/// [`fork_json`].
 #[derive(sqlx::FromRow, Deserialize)]
 pub(crate) struct ForkSummaryRow {
     cid: String,
@@ -519,7 +510,7 @@ pub(crate) async fn fetch_json<T>(conn: &mut AnyConnection, sql: &str, select: &
 where
     T: DeserializeOwned + for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
 {
-    if conn.backend_name() != "SQLite" {
+    if backend_of(conn) != crate::Backend::Sqlite {
         return Ok(sqlx::query_as_with(AssertSqlSafe(sql.to_string()), args).fetch_all(crate::counted(&mut *conn)).await?);
     }
     let values = select.split(", ").map(|c| format!("t.{}", output_name(c))).collect::<Vec<_>>().join(", ");

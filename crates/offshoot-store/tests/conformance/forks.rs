@@ -716,3 +716,53 @@ async fn a_fork_status_this_version_does_not_know_is_an_error_not_backfilling() 
 async fn backfilling(s: &Store) -> Vec<String> {
     s.backfilling_progress().await.expect("backfilling forks").into_iter().map(|(cid, _)| cid).collect()
 }
+
+/// A send that waits for its channel's lock reads the channel's fork summary and its author as
+/// the writer that held the lock left them, not as they were when the send's statement began:
+/// on PostgreSQL a statement sees the database as of its start, so these are read by the
+/// statement after the lock (`channels::channel_extras`), never in the locking `UPDATE`.
+/// Another connection holds the fork channel's row lock (as a backfill page does, on SQLite the
+/// database's write lock), changes the fork's progress and shadow-bans the author, and commits
+/// while the send waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_waited_for_its_channels_lock_sees_what_the_holder_committed() {
+    use sqlx::{Connection, Executor};
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let src = channel_of(s, "agent", "waitsrc", "owner", &["amy"]).await;
+        s.send_message(&src.cid, &msg("w-p", "point"), &user("amy")).await.expect("send");
+        fork(s, &src.cid, "w-p", "waitfork").await;
+        let cid = "agent:waitfork";
+        sqlx::any::install_default_drivers();
+        let mut other = sqlx::AnyConnection::connect(&ctx.url).await.expect("connect");
+        match s.backend() {
+            offshoot_store::Backend::Postgres => {
+                other.execute("BEGIN").await.expect("begin");
+                other.execute("SELECT cid FROM channel WHERE cid = 'agent:waitfork' FOR UPDATE").await.expect("lock the channel");
+            }
+            offshoot_store::Backend::Sqlite => {
+                other.execute("BEGIN IMMEDIATE").await.expect("take the write lock");
+            }
+        }
+        let before = events_since(s, 0).await.last().map_or(0, |e| e.seq);
+        let send = tokio::spawn({
+            let store = s.clone();
+            async move { store.send_message(cid, &msg("w-1", "sent while the channel is locked"), &user("amy")).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!send.is_finished(), "the send did not wait for the lock: {:?}", send.await);
+        other.execute("UPDATE fork SET copied_message_count = 4242 WHERE cid = 'agent:waitfork'").await.expect("progress");
+        other.execute("UPDATE app_user SET shadow_banned = TRUE WHERE id = 'amy'").await.expect("shadow-ban");
+        other.execute("COMMIT").await.expect("release");
+        let sent = send.await.expect("join").expect("the send succeeds once the lock is free");
+        assert!(sent.shadowed, "the author as the lock's holder left it: shadow-banned");
+        let note = events_since(s, before)
+            .await
+            .into_iter()
+            .find(|e| e.event.kind == "notification.message_new")
+            .expect("notification.message_new");
+        let summary = note.event.channel.and_then(|c| c.fork).expect("the channel's fork summary");
+        assert_eq!(summary.copied_message_count, 4242, "the fork summary as the lock's holder left it");
+    })
+    .await;
+}

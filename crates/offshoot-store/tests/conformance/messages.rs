@@ -668,8 +668,9 @@ async fn a_send_sends_the_same_number_of_statements_in_a_small_channel_and_a_big
 /// those of the write's transaction are made while it holds its channel's lock (and, on
 /// PostgreSQL, the last of them with the outbox lock), so one more is one more wait for every
 /// writer queued behind it. A send: the channel update that locks and returns the channel with
-/// its fork summary, watcher count, creator and the author, the message insert (which also
-/// checks the id), the unread counters, the recipients' totals, the events. A partial update: the channel locked through the message, the message,
+/// its watcher count, its fork summary, creator and the author (read after the lock), the
+/// message insert (which also checks the id), the unread counters, the recipients' totals, the
+/// events. A partial update: the channel locked through the message, the message,
 /// its update, its reactions, its users, the event.
 #[tokio::test]
 async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
@@ -680,7 +681,7 @@ async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
         // On PostgreSQL the channel types are cached only while the notification listener
         // runs (`cache.rs`), which this suite does not start: one more read of them.
         let types = u64::from(s.backend() == offshoot_store::Backend::Postgres);
-        assert_eq!(send_statements(s, &ch.cid, "stmt-fixed-send").await, 5 + types, "statements of one send");
+        assert_eq!(send_statements(s, &ch.cid, "stmt-fixed-send").await, 6 + types, "statements of one send");
         let (updated, statements) = offshoot_store::count_statements(s.update_message("stmt-fixed-send", &user("amy"), |m| {
             m.text = "hello again".into();
             Ok(())
@@ -692,8 +693,8 @@ async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
     .await;
 }
 
-/// A send reads its author and its channel's creator inside the channel update that locks the
-/// channel (as JSON, `rows::user_json`): both must come out exactly as a plain read of the
+/// A send reads its author and its channel's creator with the channel's fork summary, in one
+/// statement (as JSON, `rows::user_json`): both must come out exactly as a plain read of the
 /// user gives them, every field, and an author that does not exist yet is created.
 #[tokio::test]
 async fn a_send_carries_its_author_and_its_channels_creator_exactly_as_stored() {
