@@ -185,7 +185,7 @@ pub async fn update_message(
     let by = actor.id.clone();
     let updated = st
         .store
-        .update_message(&id, &actor, |m| {
+        .update_message(&id, &actor, move |m| {
             m.text = new.text.clone();
             m.html = new.html.clone();
             m.mml = new.mml.clone();
@@ -315,7 +315,7 @@ pub async fn partial_update_message(
     let by = actor.id.clone();
     let max = ch.max_message_length();
     let server = ctx.viewer.is_server();
-    let updated = st.store.update_message(&id, &actor, |m| apply_partial(m, &set, &unset, max, &by, server)).await?;
+    let updated = st.store.update_message(&id, &actor, move |m| apply_partial(m, &set, &unset, max, &by, server)).await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
 }
 

@@ -81,6 +81,9 @@ pub struct Args {
     rates: Vec<f64>,
     /// Seconds of each step of figure f when not the default (to profile one rate).
     f_step: Option<f64>,
+    /// The numbers of concurrent streams of figure e when not the default (`--streams 100` to
+    /// profile one).
+    pub streams: Option<Vec<usize>>,
     pg_url: String,
 }
 
@@ -103,6 +106,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
         step_secs: 10.0,
         rates: vec![100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0],
         f_step: None,
+        streams: None,
         pg_url: std::env::var("OFFSHOOT_BENCH_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string()),
     };
     while let Some(flag) = it.next() {
@@ -134,10 +138,15 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
                 args.rates =
                     value()?.split(',').map(|r| r.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().context("--rates")?
             }
+            "--streams" => {
+                args.streams = Some(
+                    value()?.split(',').map(|r| r.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().context("--streams")?,
+                )
+            }
             "--pg-url" => args.pg_url = value()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--rates R,R…] [--f-step-secs S] [--pg-url URL]\n\
+                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--rates R,R…] [--f-step-secs S] [--streams N,N…] [--pg-url URL]\n\
                      PostgreSQL: --pg-url or OFFSHOOT_BENCH_PG_URL (default {DEFAULT_PG_URL}); fresh databases are created there and dropped.\n\
                      --quick: small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps."
                 );

@@ -347,7 +347,8 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
     let api = &server.api;
     let ws_base = api.base.replacen("http", "ws", 1);
     seed::users(api).await?;
-    let steps: &[usize] = if args.quick { &[5, 10, 50, 100] } else { &[5, 10, 25, 50, 100, 150, 200, 300] };
+    let default: &[usize] = if args.quick { &[5, 10, 50, 100] } else { &[5, 10, 25, 50, 100, 150, 200, 300] };
+    let steps = args.streams.as_deref().unwrap_or(default);
     let mut best = 0;
     let mut lines = Vec::new();
     for &streams in steps {

@@ -6,7 +6,7 @@ use crate::query::{channel_condition, channel_order, SqlBuilder};
 use crate::rows::{self, fork_json, placeholders, user_json, ChannelRow, MemberRow, Nested, CHANNEL_COLS, MEMBER_COLS};
 use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
-use crate::{domain, not_found, Result, Store, Tx};
+use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
@@ -468,6 +468,24 @@ pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) ->
     let row: Option<ChannelRow> =
         sqlx::query_as(AssertSqlSafe(sql)).bind(key.to_string()).fetch_optional(crate::counted(&mut *tx.tx)).await?;
     Ok(row.map(Channel::from))
+}
+
+/// Locks the channels of the messages `ids` (those that exist) in one statement, in cid order:
+/// two transactions that lock several channels this way never wait for each other in a cycle.
+pub(crate) async fn lock_channels_of_messages(tx: &mut Tx, ids: &[String]) -> Result<Vec<Channel>> {
+    let lock = match tx.backend {
+        Backend::Postgres => " FOR UPDATE OF c",
+        Backend::Sqlite => "",
+    };
+    let sql = format!(
+        "SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid IN (SELECT m.cid FROM message m WHERE m.id IN ({})) ORDER BY c.cid{lock}",
+        placeholders(1, ids.len())
+    );
+    let mut q = sqlx::query_as::<_, ChannelRow>(AssertSqlSafe(sql));
+    for id in ids {
+        q = q.bind(id.clone());
+    }
+    Ok(q.fetch_all(crate::counted(&mut *tx.tx)).await?.into_iter().map(Channel::from).collect())
 }
 
 /// Records a new message on its channel (`last_message_at`, `message_count`, `updated_at`) and

@@ -26,7 +26,12 @@ pub async fn count_statements<F: Future>(f: F) -> (F::Output, u64) {
 }
 
 fn count() {
-    let _ = STATEMENTS.try_with(|n| n.set(n.get() + 1));
+    add(1);
+}
+
+/// Counts `n` statements sent for this task by another (a group of message updates, `batch.rs`).
+pub(crate) fn add(n: u64) {
+    let _ = STATEMENTS.try_with(|c| c.set(c.get() + n));
 }
 
 /// An executor (pool, connection or transaction) whose statements are counted.

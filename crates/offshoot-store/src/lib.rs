@@ -64,6 +64,7 @@
 //! This crate may depend on `offshoot-core` and sqlx; it must not depend on axum, the API, the
 //! worker or the WebSocket crates.
 
+mod batch;
 mod cache;
 mod channels;
 mod counted;
@@ -264,6 +265,8 @@ pub struct Store {
     url: Arc<str>,
     /// App settings and channel types (`cache.rs`).
     cache: Arc<cache::ConfigCache>,
+    /// Message updates waiting to be written together (`batch.rs`).
+    updates: Arc<batch::Updates>,
 }
 
 /// A write transaction. Events are collected while it runs and written to the outbox when it
@@ -487,6 +490,10 @@ impl Store {
             origin,
             url: url.into(),
             cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
+            updates: Arc::new(batch::Updates::new(match backend {
+                Backend::Sqlite => 1,
+                Backend::Postgres => 2,
+            })),
         })
     }
 

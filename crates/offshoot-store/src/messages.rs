@@ -252,63 +252,24 @@ impl Store {
 
     /// Applies `change` to a stored message and announces `message.updated`. The message's
     /// channel is locked first, so concurrent changes of one message apply one after the other
-    /// and none is lost; `change` may run more than once (a retried transaction).
+    /// and none is lost; `change` may run more than once (a retried transaction). Updates that
+    /// arrive while others are being written are written together (`batch.rs`).
     pub async fn update_message<F>(&self, id: &str, actor: &User, change: F) -> Result<Message>
     where
-        F: Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync,
+        F: Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync + 'static,
     {
-        self.retrying("update_message", || self.update_message_once(id, actor, &change)).await
+        self.update_grouped(id, actor, std::sync::Arc::new(change)).await
     }
 
-    async fn update_message_once<F>(&self, id: &str, actor: &User, change: &F) -> Result<Message>
-    where
-        F: Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync,
-    {
+    /// One update in a transaction of its own.
+    pub(crate) async fn update_message_once(&self, id: &str, actor: &User, change: &crate::batch::ChangeFn) -> Result<Message> {
         let mut tx = self.begin().await?;
-        let Some((ch, mut m)) = lock_message(&mut tx, id).await? else {
+        let Some((ch, m)) = lock_message(&mut tx, id).await? else {
             return not_found(format!("message with id {id:?} does not exist"));
         };
-        let before_text = m.text.clone();
-        let before_restricted = m.restricted_visibility.clone();
-        let before_shown = m.show_in_channel;
-        change(&mut m)?;
-        let now = time::now();
-        m.updated_at = now;
-        if m.text != before_text {
-            m.message_text_updated_at = Some(now);
-        }
-        sqlx::query("UPDATE message SET text = $1, html = $2, mml = $3, attachments = $4, mentioned_users = $5, silent = $6, i18n = $7, custom = $8, pinned = $9, pinned_at = $10, pinned_by_id = $11, pin_expires = $12, updated_at = $13, message_text_updated_at = $14, restricted_visibility = $15, show_in_channel = $16, command = $17 WHERE id = $18")
-            .bind(m.text.clone())
-            .bind(m.html.clone())
-            .bind(m.mml.clone())
-            .bind(serde_json::to_string(&m.attachments)?)
-            .bind(serde_json::to_string(&m.mentioned_users)?)
-            .bind(m.silent)
-            .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
-            .bind(serde_json::to_string(&m.custom)?)
-            .bind(m.pinned)
-            .bind(m.pinned_at)
-            .bind(m.pinned_by_id.clone())
-            .bind(m.pin_expires)
-            .bind(m.updated_at)
-            .bind(m.message_text_updated_at)
-            .bind(serde_json::to_string(&m.restricted_visibility)?)
-            .bind(m.show_in_channel)
-            .bind(m.command.clone())
-            .bind(m.id.clone())
-            .execute(crate::counted(&mut *tx.tx))
-            .await?;
-        if m.restricted_visibility != before_restricted {
-            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1")
-                .bind(m.id.clone())
-                .execute(crate::counted(&mut *tx.tx))
-                .await?;
-            insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(&m)).await?;
-        }
-        if m.restricted_visibility != before_restricted || m.show_in_channel != before_shown {
-            crate::unread::recount(&mut tx, &ch.cid, None).await?;
-        }
-        let mut out = vec![m];
+        let changed = changed(&m, change)?;
+        write_update(&mut tx, &ch, &m, &changed).await?;
+        let mut out = vec![changed];
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, ch.truncated_at).await?;
         let m = out.pop().expect("one message in, one out");
         let mut ev = event_for("message.updated", &ch, Some(actor.clone()));
@@ -316,6 +277,58 @@ impl Store {
         tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
         tx.commit(self).await?;
         Ok(m)
+    }
+
+    /// Several updates in one transaction (`batch.rs`): the channels of their messages locked
+    /// in one statement (in cid order, so two groups never wait for each other in a cycle), the
+    /// messages read in one, each update applied in order to the message as the updates before
+    /// it left it and written, everything announced hydrated in one pass. An update whose
+    /// message is missing or whose change refuses gets its error and writes nothing; an error of
+    /// the database fails the whole transaction.
+    pub(crate) async fn update_messages_once(&self, items: &[(&str, &User, &crate::batch::Change)]) -> Result<Vec<Result<Message>>> {
+        let mut tx = self.begin().await?;
+        let mut ids: Vec<String> = items.iter().map(|(id, _, _)| id.to_string()).collect();
+        ids.sort();
+        ids.dedup();
+        let channels: HashMap<String, Channel> =
+            crate::channels::lock_channels_of_messages(&mut tx, &ids).await?.into_iter().map(|c| (c.cid.clone(), c)).collect();
+        let mut current: HashMap<String, Message> = HashMap::new();
+        for (m, hidden) in load_messages(&mut tx.tx, &ids).await? {
+            if !hidden && channels.contains_key(&m.cid) {
+                current.insert(m.id.clone(), m);
+            }
+        }
+        // Each update's outcome: the index of its message among `written`, or its error.
+        let mut outcomes: Vec<Result<usize>> = Vec::with_capacity(items.len());
+        let mut written: Vec<Message> = Vec::new();
+        for (id, _, change) in items {
+            let Some(before) = current.get(*id) else {
+                outcomes.push(not_found(format!("message with id {id:?} does not exist")));
+                continue;
+            };
+            let m = match changed(before, &***change) {
+                Ok(m) => m,
+                Err(e) => {
+                    outcomes.push(Err(e));
+                    continue;
+                }
+            };
+            write_update(&mut tx, &channels[&m.cid], before, &m).await?;
+            current.insert(m.id.clone(), m.clone());
+            outcomes.push(Ok(written.len()));
+            written.push(m);
+        }
+        hydrate_messages_of(&mut tx.tx, &mut written, &Viewer::Server, &|cid| channels.get(cid).and_then(|c| c.truncated_at)).await?;
+        for ((_, actor, _), outcome) in items.iter().zip(&outcomes) {
+            if let Ok(i) = outcome {
+                let m = &written[*i];
+                let mut ev = event_for("message.updated", &channels[&m.cid], Some((*actor).clone()));
+                ev.message = Some(m.clone());
+                tx.event(ev, to_watchers_and_hooks(&m.cid)).await?;
+            }
+        }
+        tx.commit(self).await?;
+        Ok(outcomes.into_iter().map(|o| o.map(|i| written[i].clone())).collect())
     }
 
     /// Soft delete marks the message `deleted`; hard delete removes it and its reactions.
@@ -737,6 +750,66 @@ pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channe
         Some((m, false)) if m.cid == ch.cid => Ok(Some((ch, m))),
         _ => Ok(None),
     }
+}
+
+/// `before` with `change` applied and stamped as updated now; nothing is written.
+fn changed(before: &Message, change: &crate::batch::ChangeFn) -> Result<Message> {
+    let mut m = before.clone();
+    change(&mut m)?;
+    let now = time::now();
+    m.updated_at = now;
+    if m.text != before.text {
+        m.message_text_updated_at = Some(now);
+    }
+    Ok(m)
+}
+
+/// Writes `m`, an update of the stored `before`, in `ch`'s locked transaction: the row, and
+/// when its visibility changed, its restricted readers and the channel's unread counters.
+async fn write_update(tx: &mut Tx, ch: &Channel, before: &Message, m: &Message) -> Result<()> {
+    sqlx::query("UPDATE message SET text = $1, html = $2, mml = $3, attachments = $4, mentioned_users = $5, silent = $6, i18n = $7, custom = $8, pinned = $9, pinned_at = $10, pinned_by_id = $11, pin_expires = $12, updated_at = $13, message_text_updated_at = $14, restricted_visibility = $15, show_in_channel = $16, command = $17 WHERE id = $18")
+        .bind(m.text.clone())
+        .bind(m.html.clone())
+        .bind(m.mml.clone())
+        .bind(serde_json::to_string(&m.attachments)?)
+        .bind(serde_json::to_string(&m.mentioned_users)?)
+        .bind(m.silent)
+        .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
+        .bind(serde_json::to_string(&m.custom)?)
+        .bind(m.pinned)
+        .bind(m.pinned_at)
+        .bind(m.pinned_by_id.clone())
+        .bind(m.pin_expires)
+        .bind(m.updated_at)
+        .bind(m.message_text_updated_at)
+        .bind(serde_json::to_string(&m.restricted_visibility)?)
+        .bind(m.show_in_channel)
+        .bind(m.command.clone())
+        .bind(m.id.clone())
+        .execute(crate::counted(&mut *tx.tx))
+        .await?;
+    if m.restricted_visibility != before.restricted_visibility {
+        sqlx::query("DELETE FROM message_restricted WHERE message_id = $1").bind(m.id.clone()).execute(crate::counted(&mut *tx.tx)).await?;
+        insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(m)).await?;
+    }
+    if m.restricted_visibility != before.restricted_visibility || m.show_in_channel != before.show_in_channel {
+        crate::unread::recount(tx, &ch.cid, None).await?;
+    }
+    Ok(())
+}
+
+/// Messages by id (those that exist), each with whether a rewind hid it.
+async fn load_messages(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<(Message, bool)>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(500) {
+        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id IN ({})", placeholders(1, chunk.len()));
+        let mut q = sqlx::query_as::<_, MessageRow>(AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        out.extend(q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(MessageRow::with_hidden));
+    }
+    Ok(out)
 }
 
 pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Channel) -> Result<Option<String>> {

@@ -617,7 +617,7 @@ async fn racing_partial_updates_of_one_message_lose_no_update() {
         for _ in 0..rounds {
             let results = race(&ctx.url, 2, |store, i| async move {
                 store
-                    .update_message("upd", &user("amy"), |m| {
+                    .update_message("upd", &user("amy"), move |m| {
                         m.text.push_str(&i.to_string());
                         Ok(())
                     })
@@ -734,6 +734,110 @@ async fn a_send_carries_its_author_and_its_channels_creator_exactly_as_stored() 
         let newcomer = s.send_message(&ch.cid, &msg("uj-2", "first words"), &user("newcomer")).await.expect("send as a new user");
         assert_eq!(newcomer.user.map(|u| u.id), Some("newcomer".to_string()));
         assert!(s.get_user("newcomer").await.expect("read").is_some(), "the author was created");
+    })
+    .await;
+}
+
+/// Updates that arrive together are written together (`batch.rs`): forty updates of ten
+/// messages in four channels at once, four of them of one message each time in order, one
+/// refused by its change and one naming no message. Each gets its own outcome, every other
+/// update is kept, each is announced once with the message as it left it, and together they
+/// take fewer statements than forty updates alone (six each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_that_arrive_together_are_written_together_each_with_its_own_outcome() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let mut ids = Vec::new();
+        for c in 0..4 {
+            let ch = agent_channel(s, &format!("grp-{c}"), &["amy"]).await;
+            for m in 0..(if c == 0 { 1 } else { 3 }) {
+                let id = format!("grp-{c}-{m}");
+                s.send_message(&ch.cid, &msg(&id, ""), &user("amy")).await.expect("send");
+                ids.push(id);
+            }
+        }
+        let seq = s.last_event_seq().await.expect("seq");
+        // Update k of message i appends "k,"; the message `grp-0-0` gets eleven, in order.
+        let mut plan: Vec<(String, usize)> = Vec::new();
+        for k in 0..38 {
+            let id = if k % 4 == 0 { ids[0].clone() } else { ids[1 + k % 9].clone() };
+            plan.push((id, k));
+        }
+        plan.push(("grp-nope".into(), 38));
+        plan.push((ids[5].clone(), 39));
+        let amy = user("amy");
+        let (outcomes, statements) = offshoot_store::count_statements(futures_util::future::join_all(plan.iter().map(|(id, k)| {
+            let k = *k;
+            s.update_message(id, &amy, move |m| {
+                if k == 39 {
+                    return Err(Error::input("refused"));
+                }
+                m.text.push_str(&format!("{k},"));
+                Ok(())
+            })
+        })))
+        .await;
+        let mut outcomes = outcomes;
+        assert_kind(outcomes.pop().expect("update 39"), ErrorKind::Input);
+        assert_kind(outcomes.pop().expect("update 38"), ErrorKind::NotFound);
+        let mut expected: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+        for ((id, k), outcome) in plan.iter().zip(&outcomes).take(38) {
+            let text = expected.entry(id.clone()).or_default();
+            text.push_str(&format!("{k},"));
+            let m = outcome.as_ref().expect("update applied");
+            assert_eq!(&m.text, text, "update {k} answers the message as it left it");
+            assert_eq!(m.user.as_ref().map(|u| u.id.as_str()), Some("amy"), "hydrated");
+        }
+        for (id, text) in &expected {
+            assert_eq!(&stored(s, id).await.text, text, "every update of {id} kept, in order");
+        }
+        let updates: Vec<_> = events_since(s, seq).await.into_iter().filter(|e| e.event.kind == "message.updated").collect();
+        assert_eq!(updates.len(), 38, "one event per applied update");
+        let first: Vec<String> =
+            updates.iter().filter_map(|e| e.event.message.as_ref()).filter(|m| m.id == ids[0]).map(|m| m.text.clone()).collect();
+        let mut want = String::new();
+        let mut steps = Vec::new();
+        for k in (0..38).step_by(4) {
+            want.push_str(&format!("{k},"));
+            steps.push(want.clone());
+        }
+        assert_eq!(first, steps, "the updates of one message are announced in order, each with its own text");
+        assert!(statements < 40 * 6, "updates that arrived together were written together: {statements} statements");
+    })
+    .await;
+}
+
+/// A group whose transaction fails as a whole is written again update by update: the others
+/// are kept. On PostgreSQL a text with a NUL character is refused by the database itself (it
+/// fails the group's transaction); SQLite stores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_the_database_refuses_is_written_again_update_by_update() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "grp-nul", &["amy"]).await;
+        for i in 0..8 {
+            s.send_message(&ch.cid, &msg(&format!("nul-{i}"), "v"), &user("amy")).await.expect("send");
+        }
+        let amy = user("amy");
+        let ids: Vec<String> = (0..8).map(|i| format!("nul-{i}")).collect();
+        for _ in 0..3 {
+            let outcomes = futures_util::future::join_all(ids.iter().enumerate().map(|(i, id)| {
+                s.update_message(id, &amy, move |m| {
+                    m.text = if i == 3 { "a\0b".into() } else { format!("{i}!") };
+                    Ok(())
+                })
+            }))
+            .await;
+            for (i, outcome) in outcomes.iter().enumerate() {
+                if i == 3 {
+                    let refused = s.backend() == offshoot_store::Backend::Postgres;
+                    assert_eq!(outcome.is_err(), refused, "the NUL text: {outcome:?}");
+                } else {
+                    assert_eq!(outcome.as_ref().expect("kept").text, format!("{i}!"));
+                    assert_eq!(stored(s, &format!("nul-{i}")).await.text, format!("{i}!"));
+                }
+            }
+        }
     })
     .await;
 }

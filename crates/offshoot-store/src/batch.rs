@@ -1,0 +1,133 @@
+//! Group commit of message updates. An agent streams its answer as a partial update of one
+//! message twenty times a second; each update alone is a transaction of its own (lock, read,
+//! write, hydrate, outbox, commit), and two cores ran out at about 1,000 of them a second
+//! (BENCHMARKS.md, figure e). Here the updates that arrive while earlier ones are being written
+//! wait in one queue and are written together, in one transaction, by the next free writer: a
+//! lone update is written at once, a stream of them in groups whose size follows the load.
+//!
+//! Each update keeps its own outcome: one that names a missing message, or whose change refuses,
+//! fails alone and the others are written. If the group's transaction fails as a whole (a
+//! deadlock that outlives its retries, a refused write), nothing of it was committed and each of
+//! its updates is written again alone, in arrival order, with the outcome it would have had
+//! without the group.
+//!
+//! Updates are taken in arrival order, and updates of one message in one group are applied to
+//! it in that order, each announced with the message as it was after it.
+
+use crate::{Result, Store};
+use offshoot_core::model::{Message, User};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// A change of a stored message (it may run more than once: a retried or regrouped write).
+pub(crate) type ChangeFn = dyn Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync;
+
+/// A queued change.
+pub(crate) type Change = Arc<ChangeFn>;
+
+/// One update waiting for a writer.
+pub(crate) struct Pending {
+    pub(crate) id: String,
+    pub(crate) actor: User,
+    pub(crate) change: Change,
+    /// The outcome, and the statements it took (`counted.rs`; a group's go to its first update).
+    pub(crate) reply: oneshot::Sender<(Result<Message>, u64)>,
+}
+
+/// The most updates one group writes: its statements stay far below either engine's
+/// parameter limit and its transaction short.
+pub(crate) const MAX_GROUP: usize = 128;
+
+/// The queue of updates and the writers that drain it.
+pub(crate) struct Updates {
+    queue: Mutex<VecDeque<Pending>>,
+    /// Groups being written at once: one on SQLite (one writer anyway), two on PostgreSQL (one
+    /// group's statements run while the other's commit waits for its disk flush).
+    writers: Arc<Semaphore>,
+}
+
+impl Updates {
+    pub(crate) fn new(writers: usize) -> Updates {
+        Updates { queue: Mutex::new(VecDeque::new()), writers: Arc::new(Semaphore::new(writers.max(1))) }
+    }
+
+    fn push(&self, p: Pending) {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
+    }
+
+    fn take(&self) -> Vec<Pending> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let n = q.len().min(MAX_GROUP);
+        q.drain(..n).collect()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+}
+
+impl Store {
+    /// Queues an update and waits for its outcome.
+    pub(crate) async fn update_grouped(&self, id: &str, actor: &User, change: Change) -> Result<Message> {
+        let (reply, outcome) = oneshot::channel();
+        self.updates.push(Pending { id: id.to_string(), actor: actor.clone(), change, reply });
+        self.start_writer();
+        match outcome.await {
+            Ok((outcome, statements)) => {
+                crate::counted::add(statements);
+                outcome
+            }
+            // The writer's task ended without an answer (it panicked): whether the update was
+            // committed is unknown, as with a connection lost at commit.
+            Err(_) => Err(crate::StoreError::Unavailable(sqlx::Error::WorkerCrashed)),
+        }
+    }
+
+    /// Starts a writer of queued updates when one is free. The writer runs as a task of its own,
+    /// so a request that stops waiting never cuts a group short.
+    fn start_writer(&self) {
+        let Ok(turn) = self.updates.writers.clone().try_acquire_owned() else { return };
+        let store = self.clone();
+        drop(tokio::spawn(async move { store.write_queued(turn).await }));
+    }
+
+    async fn write_queued(self, turn: OwnedSemaphorePermit) {
+        loop {
+            let group = self.updates.take();
+            if group.is_empty() {
+                break;
+            }
+            let (outcomes, statements) = crate::count_statements(self.write_group(&group)).await;
+            let mut statements = Some(statements);
+            for (p, outcome) in group.into_iter().zip(outcomes) {
+                let _ = p.reply.send((outcome, statements.take().unwrap_or(0)));
+            }
+        }
+        drop(turn);
+        // An update queued after the last look but before the turn was given back found no
+        // free writer: it is written now.
+        if !self.updates.is_empty() {
+            self.start_writer();
+        }
+    }
+
+    /// The outcome of each update of `group`, in order.
+    async fn write_group(&self, group: &[Pending]) -> Vec<Result<Message>> {
+        if let [p] = group {
+            return vec![self.retrying("update_message", || self.update_message_once(&p.id, &p.actor, &*p.change)).await];
+        }
+        let items: Vec<(&str, &User, &Change)> = group.iter().map(|p| (p.id.as_str(), &p.actor, &p.change)).collect();
+        match self.retrying("update_messages", || self.update_messages_once(&items)).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                tracing::info!(error = %e, updates = group.len(), "a group of message updates failed; writing each alone");
+                let mut outcomes = Vec::with_capacity(group.len());
+                for p in group {
+                    outcomes.push(self.retrying("update_message", || self.update_message_once(&p.id, &p.actor, &*p.change)).await);
+                }
+                outcomes
+            }
+        }
+    }
+}
