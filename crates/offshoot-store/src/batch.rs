@@ -14,14 +14,16 @@
 //! Updates are taken in arrival order, and updates of one message in one group are applied to
 //! it in that order, each announced with the message as it was after it.
 
+use crate::messages::Editor;
 use crate::{Result, Store};
-use offshoot_core::model::{Message, User};
+use offshoot_core::model::{Channel, Message};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-/// A change of a stored message (it may run more than once: a retried or regrouped write).
-pub(crate) type ChangeFn = dyn Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync;
+/// A change of a stored message, given its channel as locked (it may run more than once: a
+/// retried or regrouped write).
+pub(crate) type ChangeFn = dyn Fn(&mut Message, &Channel) -> offshoot_core::error::Result<()> + Send + Sync;
 
 /// A queued change.
 pub(crate) type Change = Arc<ChangeFn>;
@@ -29,7 +31,7 @@ pub(crate) type Change = Arc<ChangeFn>;
 /// One update waiting for a writer.
 pub(crate) struct Pending {
     pub(crate) id: String,
-    pub(crate) actor: User,
+    pub(crate) editor: Editor,
     pub(crate) change: Change,
     /// The outcome, and the statements it took (`counted.rs`; a group's go to its first update).
     pub(crate) reply: oneshot::Sender<(Result<Message>, u64)>,
@@ -69,9 +71,9 @@ impl Updates {
 
 impl Store {
     /// Queues an update and waits for its outcome.
-    pub(crate) async fn update_grouped(&self, id: &str, actor: &User, change: Change) -> Result<Message> {
+    pub(crate) async fn update_grouped(&self, id: &str, editor: Editor, change: Change) -> Result<Message> {
         let (reply, outcome) = oneshot::channel();
-        self.updates.push(Pending { id: id.to_string(), actor: actor.clone(), change, reply });
+        self.updates.push(Pending { id: id.to_string(), editor, change, reply });
         self.start_writer();
         match outcome.await {
             Ok((outcome, statements)) => {
@@ -115,16 +117,16 @@ impl Store {
     /// The outcome of each update of `group`, in order.
     async fn write_group(&self, group: &[Pending]) -> Vec<Result<Message>> {
         if let [p] = group {
-            return vec![self.retrying("update_message", || self.update_message_once(&p.id, &p.actor, &*p.change)).await];
+            return vec![self.retrying("update_message", || self.update_message_once(&p.id, &p.editor, &*p.change)).await];
         }
-        let items: Vec<(&str, &User, &Change)> = group.iter().map(|p| (p.id.as_str(), &p.actor, &p.change)).collect();
+        let items: Vec<(&str, &Editor, &Change)> = group.iter().map(|p| (p.id.as_str(), &p.editor, &p.change)).collect();
         match self.retrying("update_messages", || self.update_messages_once(&items)).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 tracing::info!(error = %e, updates = group.len(), "a group of message updates failed; writing each alone");
                 let mut outcomes = Vec::with_capacity(group.len());
                 for p in group {
-                    outcomes.push(self.retrying("update_message", || self.update_message_once(&p.id, &p.actor, &*p.change)).await);
+                    outcomes.push(self.retrying("update_message", || self.update_message_once(&p.id, &p.editor, &*p.change)).await);
                 }
                 outcomes
             }

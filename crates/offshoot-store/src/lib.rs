@@ -88,7 +88,7 @@ pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
 pub use events::OUTBOX_READ_GAP;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
-pub use messages::{is_visible, Page, PageDir};
+pub use messages::{is_visible, Editor, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
 pub use state::ChannelState;
 pub use unread::UnreadCounts;

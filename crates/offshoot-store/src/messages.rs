@@ -250,29 +250,42 @@ impl Store {
         Ok(out.pop().expect("one message in, one out"))
     }
 
-    /// Applies `change` to a stored message and announces `message.updated`. The message's
-    /// channel is locked first, so concurrent changes of one message apply one after the other
-    /// and none is lost; `change` may run more than once (a retried transaction). Updates that
-    /// arrive while others are being written are written together (`batch.rs`).
+    /// Applies `change` to a stored message and announces `message.updated` as done by `actor`
+    /// ([`Store::edit_message`]).
     pub async fn update_message<F>(&self, id: &str, actor: &User, change: F) -> Result<Message>
     where
         F: Fn(&mut Message) -> offshoot_core::error::Result<()> + Send + Sync + 'static,
     {
-        self.update_grouped(id, actor, std::sync::Arc::new(change)).await
+        self.edit_message(id, Editor::User(actor.clone()), move |m, _| change(m)).await
+    }
+
+    /// Applies `change` to a stored message, given its channel as locked, and announces
+    /// `message.updated` as done by `editor`. The message's channel is locked first, so
+    /// concurrent changes of one message apply one after the other and none is lost; `change`
+    /// may run more than once (a retried transaction). A message that is missing, hidden, in a
+    /// deleted channel or before its channel's truncation is not found. Updates that arrive
+    /// while others are being written are written together (`batch.rs`).
+    pub async fn edit_message<F>(&self, id: &str, editor: Editor, change: F) -> Result<Message>
+    where
+        F: Fn(&mut Message, &Channel) -> offshoot_core::error::Result<()> + Send + Sync + 'static,
+    {
+        self.update_grouped(id, editor, std::sync::Arc::new(change)).await
     }
 
     /// One update in a transaction of its own.
-    pub(crate) async fn update_message_once(&self, id: &str, actor: &User, change: &crate::batch::ChangeFn) -> Result<Message> {
+    pub(crate) async fn update_message_once(&self, id: &str, editor: &Editor, change: &crate::batch::ChangeFn) -> Result<Message> {
         let mut tx = self.begin().await?;
-        let Some((ch, m)) = lock_message(&mut tx, id).await? else {
+        let Some((mut ch, m)) = lock_message(&mut tx, id).await?.filter(|(ch, m)| writable(ch, m)) else {
             return not_found(format!("message with id {id:?} does not exist"));
         };
-        let changed = changed(&m, change)?;
+        ch.config = self.cache.types(&mut tx.tx).await?.get(&ch.kind).cloned();
+        let changed = changed(&m, &ch, change)?;
         write_update(&mut tx, &ch, &m, &changed).await?;
         let mut out = vec![changed];
         hydrate_messages(&mut tx.tx, &mut out, &Viewer::Server, ch.truncated_at).await?;
         let m = out.pop().expect("one message in, one out");
-        let mut ev = event_for("message.updated", &ch, Some(actor.clone()));
+        let named = named_editors(&mut tx.tx, [(editor, &m)]).await?;
+        let mut ev = event_for("message.updated", &ch, Some(editor.user(&m, &named)));
         ev.message = Some(m.clone());
         tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
         tx.commit(self).await?;
@@ -285,16 +298,20 @@ impl Store {
     /// it left it and written, everything announced hydrated in one pass. An update whose
     /// message is missing or whose change refuses gets its error and writes nothing; an error of
     /// the database fails the whole transaction.
-    pub(crate) async fn update_messages_once(&self, items: &[(&str, &User, &crate::batch::Change)]) -> Result<Vec<Result<Message>>> {
+    pub(crate) async fn update_messages_once(&self, items: &[(&str, &Editor, &crate::batch::Change)]) -> Result<Vec<Result<Message>>> {
         let mut tx = self.begin().await?;
         let mut ids: Vec<String> = items.iter().map(|(id, _, _)| id.to_string()).collect();
         ids.sort();
         ids.dedup();
-        let channels: HashMap<String, Channel> =
-            crate::channels::lock_channels_of_messages(&mut tx, &ids).await?.into_iter().map(|c| (c.cid.clone(), c)).collect();
+        let types = self.cache.types(&mut tx.tx).await?;
+        let mut channels: HashMap<String, Channel> = HashMap::new();
+        for mut c in crate::channels::lock_channels_of_messages(&mut tx, &ids).await? {
+            c.config = types.get(&c.kind).cloned();
+            channels.insert(c.cid.clone(), c);
+        }
         let mut current: HashMap<String, Message> = HashMap::new();
         for (m, hidden) in load_messages(&mut tx.tx, &ids).await? {
-            if !hidden && channels.contains_key(&m.cid) {
+            if !hidden && channels.get(&m.cid).is_some_and(|ch| writable(ch, &m)) {
                 current.insert(m.id.clone(), m);
             }
         }
@@ -306,26 +323,26 @@ impl Store {
                 outcomes.push(not_found(format!("message with id {id:?} does not exist")));
                 continue;
             };
-            let m = match changed(before, &***change) {
+            let ch = &channels[&before.cid];
+            let m = match changed(before, ch, &***change) {
                 Ok(m) => m,
                 Err(e) => {
                     outcomes.push(Err(e));
                     continue;
                 }
             };
-            write_update(&mut tx, &channels[&m.cid], before, &m).await?;
+            write_update(&mut tx, ch, before, &m).await?;
             current.insert(m.id.clone(), m.clone());
             outcomes.push(Ok(written.len()));
             written.push(m);
         }
         hydrate_messages_of(&mut tx.tx, &mut written, &Viewer::Server, &|cid| channels.get(cid).and_then(|c| c.truncated_at)).await?;
-        for ((_, actor, _), outcome) in items.iter().zip(&outcomes) {
-            if let Ok(i) = outcome {
-                let m = &written[*i];
-                let mut ev = event_for("message.updated", &channels[&m.cid], Some((*actor).clone()));
-                ev.message = Some(m.clone());
-                tx.event(ev, to_watchers_and_hooks(&m.cid)).await?;
-            }
+        let done = || items.iter().zip(&outcomes).filter_map(|((_, editor, _), o)| o.as_ref().ok().map(|i| (*editor, &written[*i])));
+        let named = named_editors(&mut tx.tx, done()).await?;
+        for (editor, m) in done() {
+            let mut ev = event_for("message.updated", &channels[&m.cid], Some(editor.user(m, &named)));
+            ev.message = Some(m.clone());
+            tx.event(ev, to_watchers_and_hooks(&m.cid)).await?;
         }
         tx.commit(self).await?;
         Ok(outcomes.into_iter().map(|o| o.map(|i| written[i].clone())).collect())
@@ -752,10 +769,63 @@ pub(crate) async fn lock_message(tx: &mut Tx, id: &str) -> Result<Option<(Channe
     }
 }
 
+/// Who changes a message, as its `message.updated` event names them.
+#[derive(Debug, Clone)]
+pub enum Editor {
+    /// This user.
+    User(User),
+    /// The stored user with this id (a server-side request naming them), or a placeholder
+    /// when there is none.
+    Named(String),
+    /// The message's author (a server-side request naming nobody).
+    Author,
+}
+
+impl Editor {
+    /// The user `m`, hydrated, was changed by; `named` holds the named editors other than
+    /// its author ([`named_editors`]).
+    fn user(&self, m: &Message, named: &HashMap<String, User>) -> User {
+        let author = || m.user.clone().unwrap_or_else(|| User::placeholder(&m.user_id, "user"));
+        match self {
+            Editor::User(u) => u.clone(),
+            Editor::Named(id) if *id == m.user_id => author(),
+            Editor::Named(id) => named.get(id).cloned().unwrap_or_else(|| User::placeholder(id, "user")),
+            Editor::Author => author(),
+        }
+    }
+}
+
+/// The stored users that editors name who are not the authors of the (hydrated) messages they
+/// changed: one statement, none when every editor is known or the author.
+async fn named_editors<'a>(
+    conn: &mut AnyConnection,
+    changes: impl IntoIterator<Item = (&'a Editor, &'a Message)>,
+) -> Result<HashMap<String, User>> {
+    let mut ids: Vec<String> = changes
+        .into_iter()
+        .filter_map(|(e, m)| match e {
+            Editor::Named(id) if *id != m.user_id => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    ids.sort();
+    ids.dedup();
+    load_users(conn, &ids).await
+}
+
+/// Whether a message (not hidden) of the locked `ch` may be changed: its channel is not
+/// deleted and it is not before the channel's truncation.
+fn writable(ch: &Channel, m: &Message) -> bool {
+    ch.deleted_at.is_none() && ch.truncated_at.is_none_or(|t| m.created_at > t)
+}
+
 /// `before` with `change` applied and stamped as updated now; nothing is written.
-fn changed(before: &Message, change: &crate::batch::ChangeFn) -> Result<Message> {
+fn changed(before: &Message, ch: &Channel, change: &crate::batch::ChangeFn) -> Result<Message> {
     let mut m = before.clone();
-    change(&mut m)?;
+    change(&mut m, ch)?;
     let now = time::now();
     m.updated_at = now;
     if m.text != before.text {

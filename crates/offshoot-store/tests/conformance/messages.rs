@@ -7,7 +7,7 @@ use crate::support::{
 };
 use offshoot_core::model::{Message, NewMessage, Reaction, Viewer};
 use offshoot_core::{Error, ErrorKind};
-use offshoot_store::{is_visible, Page, PageDir};
+use offshoot_store::{is_visible, Editor, Page, PageDir};
 use serde_json::json;
 
 fn page(limit: i64, dir: PageDir) -> Page {
@@ -671,7 +671,8 @@ async fn a_send_sends_the_same_number_of_statements_in_a_small_channel_and_a_big
 /// its watcher count, its fork summary, creator and the author (read after the lock), the
 /// message insert (which also checks the id), the unread counters, the recipients' totals, the
 /// events. A partial update: the channel locked through the message, the message,
-/// its update, its reactions, its users, the event.
+/// its update, its reactions, its users, the event (and on PostgreSQL without the listener,
+/// the channel types, which give the change its channel's limits).
 #[tokio::test]
 async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
     with_store(|ctx| async move {
@@ -688,7 +689,7 @@ async fn a_send_and_a_partial_update_send_a_fixed_number_of_statements() {
         }))
         .await;
         assert_eq!(updated.expect("update").text, "hello again");
-        assert_eq!(statements, 6, "statements of one partial update");
+        assert_eq!(statements, 6 + types, "statements of one partial update");
     })
     .await;
 }
@@ -837,6 +838,83 @@ async fn a_group_that_the_database_refuses_is_written_again_update_by_update() {
                     assert_eq!(stored(s, &format!("nul-{i}")).await.text, format!("{i}!"));
                 }
             }
+        }
+    })
+    .await;
+}
+
+/// An edit announces who made it as stored: the message's author when the request names nobody,
+/// the user it names, a placeholder for a user that does not exist; and the change sees the
+/// message's channel as locked, with its type's settings (a server-side partial update checks
+/// the text's length against them).
+#[tokio::test]
+async fn an_edit_announces_its_editor_as_stored_and_sees_its_channel_with_its_type() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        s.put_channel_type("agent", Some(4321), &Default::default()).await.expect("channel type");
+        let ch = agent_channel(s, "editors", &["amy", "ben"]).await;
+        s.send_message(&ch.cid, &msg("ed-1", "v"), &user("amy")).await.expect("send");
+        let cases = [
+            (Editor::Author, "amy", Some("amy name")),
+            (Editor::Named("ben".into()), "ben", Some("ben name")),
+            (Editor::Named("amy".into()), "amy", Some("amy name")),
+            (Editor::Named("nobody".into()), "nobody", None),
+            (Editor::User(user("cy")), "cy", None),
+        ];
+        for (editor, id, name) in cases {
+            let seq = s.last_event_seq().await.expect("seq");
+            let m = s
+                .edit_message("ed-1", editor, |m, ch| {
+                    m.text = format!("{} {}", ch.cid, ch.max_message_length());
+                    Ok(())
+                })
+                .await
+                .expect("edit");
+            assert_eq!(m.text, "agent:editors 4321", "the change sees its channel and its type");
+            assert_eq!(m.user.as_ref().and_then(|u| u.name.as_deref()), Some("amy name"), "the message keeps its author");
+            let events = events_since(s, seq).await;
+            assert_eq!(kinds(&events), vec!["message.updated"]);
+            let by = events[0].event.user.clone().expect("the event names its editor");
+            assert_eq!((by.id.as_str(), by.name.as_deref()), (id, name), "the editor as stored");
+        }
+    })
+    .await;
+}
+
+/// A message in a deleted channel, or before its channel's truncation, cannot be changed: it
+/// is not found, alone or in a group (the store checks it under the channel's lock, since a
+/// server-side partial update reads nothing before), and its neighbours' updates are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_of_a_deleted_channel_or_before_a_truncation_cannot_be_changed() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let gone = agent_channel(s, "ed-gone", &["amy"]).await;
+        s.send_message(&gone.cid, &msg("ed-gone-1", "v"), &user("amy")).await.expect("send");
+        s.delete_channel(&gone.cid, false, None).await.expect("delete channel");
+        let cut = agent_channel(s, "ed-cut", &["amy"]).await;
+        s.send_message(&cut.cid, &msg_at("ed-old", "v", BASE_TS), &user("amy")).await.expect("send");
+        s.send_message(&cut.cid, &msg_at("ed-new", "v", BASE_TS + 10 * MS), &user("amy")).await.expect("send");
+        s.truncate_channel(&cut.cid, Some(BASE_TS + 5 * MS), false, None, None).await.expect("truncate");
+        for round in 0..3 {
+            let ids = ["ed-gone-1", "ed-old", "ed-new", "ed-gone-1", "ed-old", "ed-new"];
+            let outcomes = futures_util::future::join_all(ids.iter().map(|id| {
+                s.edit_message(id, Editor::Author, move |m, _| {
+                    m.text.push('+');
+                    Ok(())
+                })
+            }))
+            .await;
+            for (id, outcome) in ids.iter().zip(outcomes) {
+                if *id == "ed-new" {
+                    outcome.expect("a visible message is changed");
+                } else {
+                    assert_kind(outcome, ErrorKind::NotFound);
+                }
+            }
+            assert_eq!(stored(s, "ed-new").await.text, format!("v{}", "+".repeat(2 * (round + 1))));
+        }
+        for id in ["ed-gone-1", "ed-old"] {
+            assert_eq!(stored(s, id).await.text, "v", "{id} is unchanged");
         }
     })
     .await;
