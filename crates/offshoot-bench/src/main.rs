@@ -808,6 +808,10 @@ async fn webhook_runs(api: &Api, report: &mut Report) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 
+/// The same allocator as the `offshoot` binary, whose server the child process runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<()> {
     let mut argv = std::env::args().skip(1).peekable();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
