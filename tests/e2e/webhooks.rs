@@ -112,6 +112,26 @@ async fn a_message_new_webhook_is_signed_with_the_api_secret_and_carries_streams
     assert_eq!(members, vec!["u1"], "message events carry the channel's members: {}", hook.body);
 }
 
+/// With no webhook configured the relay passes events by without reading them; one configured
+/// afterwards receives what happens from then on, and nothing is skipped.
+#[tokio::test]
+async fn a_webhook_configured_later_receives_every_event_from_then_on() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    let cid = "agent:hooked-later";
+    app.channel(cid, "u1", &["u1"]).await;
+    for i in 0..20 {
+        app.say(cid, "u1", &format!("unheard {i}")).await;
+    }
+    let (url, mut rx) = receiver(false).await;
+    app.patch("/app", &app.server(), json!({"webhook_url": url})).await.ok();
+    let mut log = Vec::new();
+    for i in 0..5 {
+        let m = app.say(cid, "u1", &format!("heard {i}")).await;
+        next_hook(&mut rx, &mut log, "message.new", is_message_new(&m)).await;
+    }
+}
+
 #[tokio::test]
 async fn webhook_members_carry_each_users_unread_counters() {
     let app = TestApp::spawn().await;

@@ -175,6 +175,21 @@ impl Store {
         Ok(rows.into_iter().map(OutboxRow::decode).collect())
     }
 
+    /// What [`Store::events_after`] would return, without the events: the last `seq` (none when
+    /// there is nothing new) and how many. For a consumer that only needs to pass them by.
+    pub async fn event_span_after(&self, after: i64, limit: i64) -> Result<(Option<i64>, i64)> {
+        let horizon = outbox_horizon(self).await?.unwrap_or(i64::MAX);
+        let (last, count): (Option<i64>, i64) = sqlx::query_as(
+            "SELECT MAX(seq), COUNT(*) FROM (SELECT seq FROM event WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3) AS span",
+        )
+        .bind(after)
+        .bind(horizon)
+        .bind(limit)
+        .fetch_one(crate::counted(self.pool()))
+        .await?;
+        Ok((last, count))
+    }
+
     /// The newest `seq` in the outbox (0 when empty). On PostgreSQL no event with a lower
     /// `seq` commits after this returns, so it is a safe place for a new cursor to start.
     pub async fn last_event_seq(&self) -> Result<i64> {

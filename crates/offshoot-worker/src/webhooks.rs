@@ -199,42 +199,27 @@ impl Cursor {
 }
 
 /// Pushes a delivery job per webhook-audience event and URL past the cursor, then moves it.
+/// With no webhook configured the cursor passes the events without reading them (an agent's
+/// streamed answer is thousands of events a second, each carrying the whole message).
 async fn queue_new(shared: &Shared, cursor: &mut Cursor) -> Result<(), BoxDynError> {
     let store = &shared.store;
     loop {
         let from = cursor.position(store).await?;
-        let batch = store.events_after(from, BATCH).await?;
-        let Some(to) = batch.last().map(|e| e.seq) else {
+        let settings = store.app_settings().await?;
+        let (last, read, jobs) = if hooks(&settings).next().is_none() {
+            let (last, read) = store.event_span_after(from, BATCH).await?;
+            (last, read, Vec::new())
+        } else {
+            let batch = store.events_after(from, BATCH).await?;
+            let jobs = delivery_jobs(store, &settings, &batch).await?;
+            (batch.last().map(|e| e.seq), batch.len() as i64, jobs)
+        };
+        let Some(to) = last else {
             if cursor.due() {
                 cursor.store(store).await?;
             }
             return Ok(());
         };
-        let settings = store.app_settings().await?;
-        let dialect = webhook_dialect(&settings);
-        let now = time::now();
-        let mut jobs = Vec::new();
-        for ev in batch.iter().filter(|e| e.audience.webhooks && !e.event.kind.is_empty()) {
-            let urls = webhook_urls(&settings, &ev.event.kind);
-            if urls.is_empty() {
-                continue;
-            }
-            let body = render_body(store, dialect, ev).await?;
-            for url in urls {
-                let id = delivery_id(ev.seq, &url);
-                let job = DeliveryJob {
-                    id: id.to_string(),
-                    url,
-                    event_type: ev.event.kind.clone(),
-                    seq: ev.seq,
-                    body: body.clone(),
-                    attempt: 1,
-                    window_start: now,
-                    last_error: None,
-                };
-                jobs.push((job, ulid_of(id), Duration::ZERO));
-            }
-        }
         let queued = !jobs.is_empty();
         shared.pools.push_deliveries(jobs).await?;
         let moved = match queued || cursor.due() {
@@ -244,10 +229,43 @@ async fn queue_new(shared: &Shared, cursor: &mut Cursor) -> Result<(), BoxDynErr
                 true
             }
         };
-        if moved && (batch.len() as i64) < BATCH {
+        if moved && read < BATCH {
             return Ok(());
         }
     }
+}
+
+/// A delivery job per webhook-audience event of `batch` and URL that wants it.
+async fn delivery_jobs(
+    store: &Store,
+    settings: &AppSettings,
+    batch: &[OutboxEvent],
+) -> Result<Vec<(DeliveryJob, ulid::Ulid, Duration)>, BoxDynError> {
+    let dialect = webhook_dialect(settings);
+    let now = time::now();
+    let mut jobs = Vec::new();
+    for ev in batch.iter().filter(|e| e.audience.webhooks && !e.event.kind.is_empty()) {
+        let urls = webhook_urls(settings, &ev.event.kind);
+        if urls.is_empty() {
+            continue;
+        }
+        let body = render_body(store, dialect, ev).await?;
+        for url in urls {
+            let id = delivery_id(ev.seq, &url);
+            let job = DeliveryJob {
+                id: id.to_string(),
+                url,
+                event_type: ev.event.kind.clone(),
+                seq: ev.seq,
+                body: body.clone(),
+                attempt: 1,
+                window_start: now,
+                last_error: None,
+            };
+            jobs.push((job, ulid_of(id), Duration::ZERO));
+        }
+    }
+    Ok(jobs)
 }
 
 fn carries_members(kind: &str) -> bool {
@@ -285,33 +303,30 @@ async fn render_body(store: &Store, dialect: Dialect, ev: &OutboxEvent) -> Resul
 /// every enabled `event_hooks` entry of type `webhook` (filtered by its `event_types`). An
 /// empty filter means every event. Each URL once.
 pub fn webhook_urls(settings: &AppSettings, kind: &str) -> Vec<String> {
-    fn wants<'a>(mut types: impl Iterator<Item = &'a str>, kind: &str, empty: bool) -> bool {
-        empty || types.any(|t| t == kind || t == "*")
-    }
-    let mut urls: Vec<String> = Vec::new();
-    if let Some(url) = settings.webhook_url.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
-        if wants(settings.webhook_events.iter().map(String::as_str), kind, settings.webhook_events.is_empty()) {
-            urls.push(url.to_string());
-        }
-    }
-    for hook in settings.event_hooks.iter().filter_map(|h| h.as_object()) {
-        let kind_of_hook = hook.get("hook_type").and_then(|v| v.as_str()).unwrap_or("webhook");
-        let enabled = hook.get("enabled").and_then(|v| v.as_bool()).unwrap_or(true);
-        let Some(url) = hook.get("webhook_url").and_then(|v| v.as_str()).map(str::trim).filter(|u| !u.is_empty()) else {
-            continue;
-        };
-        if kind_of_hook != "webhook" || !enabled {
-            continue;
-        }
-        let types: Vec<&str> =
-            hook.get("event_types").and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|t| t.as_str()).collect()).unwrap_or_default();
-        if wants(types.iter().copied(), kind, types.is_empty()) {
-            urls.push(url.to_string());
-        }
-    }
+    let mut urls: Vec<String> = hooks(settings)
+        .filter(|(_, types)| types.is_empty() || types.iter().any(|t| *t == kind || *t == "*"))
+        .map(|(url, _)| url.to_string())
+        .collect();
     let mut seen = std::collections::HashSet::new();
     urls.retain(|u| seen.insert(u.clone()));
     urls
+}
+
+/// The enabled webhooks of the app: each URL with the event types it asks for (none: all).
+fn hooks(settings: &AppSettings) -> impl Iterator<Item = (&str, Vec<&str>)> {
+    let main = settings.webhook_url.as_deref().map(str::trim).filter(|u| !u.is_empty());
+    let main = main.map(|url| (url, settings.webhook_events.iter().map(String::as_str).collect()));
+    let others = settings.event_hooks.iter().filter_map(|h| h.as_object()).filter_map(|hook| {
+        let kind_of_hook = hook.get("hook_type").and_then(|v| v.as_str()).unwrap_or("webhook");
+        let enabled = hook.get("enabled").and_then(|v| v.as_bool()).unwrap_or(true);
+        let url = hook.get("webhook_url").and_then(|v| v.as_str()).map(str::trim).filter(|u| !u.is_empty())?;
+        if kind_of_hook != "webhook" || !enabled {
+            return None;
+        }
+        let types = hook.get("event_types").and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|t| t.as_str()).collect());
+        Some((url, types.unwrap_or_default()))
+    });
+    main.into_iter().chain(others)
 }
 
 fn webhook_dialect(settings: &AppSettings) -> Dialect {

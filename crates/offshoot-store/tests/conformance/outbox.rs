@@ -145,6 +145,26 @@ async fn events_after_reads_from_a_seq_in_order_with_a_limit() {
     .await;
 }
 
+/// `event_span_after` is `events_after` without the events: the same last `seq` and count for
+/// every start and limit (a consumer that passes events by moves its cursor exactly as far).
+#[tokio::test]
+async fn event_span_after_ends_where_events_after_ends() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        assert_eq!(s.event_span_after(0, 10).await.expect("span"), (None, 0));
+        publish_n(s, 7).await;
+        let all = s.events_after(0, 100).await.expect("events");
+        for after in [0, all[2].seq, all[6].seq] {
+            for limit in [1, 3, 100] {
+                let events = s.events_after(after, limit).await.expect("events");
+                let span = s.event_span_after(after, limit).await.expect("span");
+                assert_eq!(span, (events.last().map(|e| e.seq), events.len() as i64), "after {after}, limit {limit}");
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn publish_stores_a_client_event_as_given_and_wakes_waiters() {
     with_store(|ctx| async move {
