@@ -318,6 +318,9 @@ impl Store {
         // Each update's outcome: the index of its message among `written`, or its error.
         let mut outcomes: Vec<Result<usize>> = Vec::with_capacity(items.len());
         let mut written: Vec<Message> = Vec::new();
+        // Messages changed but not written yet: their rows are written together, before any
+        // update that moves a message's visibility (it recounts from the rows) and at the end.
+        let mut unwritten: Vec<String> = Vec::new();
         for (id, _, change) in items {
             let Some(before) = current.get(*id) else {
                 outcomes.push(not_found(format!("message with id {id:?} does not exist")));
@@ -331,11 +334,18 @@ impl Store {
                     continue;
                 }
             };
-            write_update(&mut tx, ch, before, &m).await?;
+            if moves_visibility(before, &m) {
+                unwritten.retain(|u| *u != m.id);
+                write_rows(&mut tx, &unwritten.drain(..).map(|u| &current[&u]).collect::<Vec<_>>()).await?;
+                write_update(&mut tx, ch, before, &m).await?;
+            } else if !unwritten.contains(&m.id) {
+                unwritten.push(m.id.clone());
+            }
             current.insert(m.id.clone(), m.clone());
             outcomes.push(Ok(written.len()));
             written.push(m);
         }
+        write_rows(&mut tx, &unwritten.iter().map(|u| &current[u]).collect::<Vec<_>>()).await?;
         hydrate_messages_of(&mut tx.tx, &mut written, &Viewer::Server, &|cid| channels.get(cid).and_then(|c| c.truncated_at)).await?;
         let done = || items.iter().zip(&outcomes).filter_map(|((_, editor, _), o)| o.as_ref().ok().map(|i| (*editor, &written[*i])));
         let named = named_editors(&mut tx.tx, done()).await?;
@@ -837,33 +847,96 @@ fn changed(before: &Message, ch: &Channel, change: &crate::batch::ChangeFn) -> R
 /// Writes `m`, an update of the stored `before`, in `ch`'s locked transaction: the row, and
 /// when its visibility changed, its restricted readers and the channel's unread counters.
 async fn write_update(tx: &mut Tx, ch: &Channel, before: &Message, m: &Message) -> Result<()> {
-    sqlx::query("UPDATE message SET text = $1, html = $2, mml = $3, attachments = $4, mentioned_users = $5, silent = $6, i18n = $7, custom = $8, pinned = $9, pinned_at = $10, pinned_by_id = $11, pin_expires = $12, updated_at = $13, message_text_updated_at = $14, restricted_visibility = $15, show_in_channel = $16, command = $17 WHERE id = $18")
-        .bind(m.text.clone())
-        .bind(m.html.clone())
-        .bind(m.mml.clone())
-        .bind(serde_json::to_string(&m.attachments)?)
-        .bind(serde_json::to_string(&m.mentioned_users)?)
-        .bind(m.silent)
-        .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
-        .bind(serde_json::to_string(&m.custom)?)
-        .bind(m.pinned)
-        .bind(m.pinned_at)
-        .bind(m.pinned_by_id.clone())
-        .bind(m.pin_expires)
-        .bind(m.updated_at)
-        .bind(m.message_text_updated_at)
-        .bind(serde_json::to_string(&m.restricted_visibility)?)
-        .bind(m.show_in_channel)
-        .bind(m.command.clone())
-        .bind(m.id.clone())
-        .execute(crate::counted(&mut *tx.tx))
-        .await?;
-    if m.restricted_visibility != before.restricted_visibility {
-        sqlx::query("DELETE FROM message_restricted WHERE message_id = $1").bind(m.id.clone()).execute(crate::counted(&mut *tx.tx)).await?;
-        insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(m)).await?;
-    }
-    if m.restricted_visibility != before.restricted_visibility || m.show_in_channel != before.show_in_channel {
+    write_rows(tx, &[m]).await?;
+    if moves_visibility(before, m) {
+        if m.restricted_visibility != before.restricted_visibility {
+            sqlx::query("DELETE FROM message_restricted WHERE message_id = $1")
+                .bind(m.id.clone())
+                .execute(crate::counted(&mut *tx.tx))
+                .await?;
+            insert_restricted(tx.backend, &mut tx.tx, std::slice::from_ref(m)).await?;
+        }
         crate::unread::recount(tx, &ch.cid, None).await?;
+    }
+    Ok(())
+}
+
+/// Whether an update changes who sees the message (its readers, or whether it is in the
+/// channel's list): more than its row is written.
+fn moves_visibility(before: &Message, m: &Message) -> bool {
+    m.restricted_visibility != before.restricted_visibility || m.show_in_channel != before.show_in_channel
+}
+
+/// The columns an update writes, in the order [`write_rows`] binds them, the id first.
+const UPDATED_COLS: [&str; 18] = [
+    "id",
+    "text",
+    "html",
+    "mml",
+    "attachments",
+    "mentioned_users",
+    "silent",
+    "i18n",
+    "custom",
+    "pinned",
+    "pinned_at",
+    "pinned_by_id",
+    "pin_expires",
+    "updated_at",
+    "message_text_updated_at",
+    "restricted_visibility",
+    "show_in_channel",
+    "command",
+];
+
+/// Rows of a statement of [`write_rows`]: 18 parameters each, far below either engine's limit.
+const ROWS_PER_UPDATE: usize = 100;
+
+/// Writes the updated rows of messages (distinct ids), up to [`ROWS_PER_UPDATE`] in one
+/// statement: one message is a plain `UPDATE … WHERE id`, several are an `UPDATE … FROM` a
+/// list of values (both engines).
+async fn write_rows(tx: &mut Tx, msgs: &[&Message]) -> Result<()> {
+    let n = UPDATED_COLS.len();
+    for chunk in msgs.chunks(ROWS_PER_UPDATE) {
+        let sql = match chunk {
+            [_] => {
+                let set: Vec<String> = UPDATED_COLS[1..].iter().enumerate().map(|(i, c)| format!("{c} = ${}", i + 2)).collect();
+                format!("UPDATE message SET {} WHERE id = $1", set.join(", "))
+            }
+            _ => {
+                let rows: Vec<String> = (0..chunk.len()).map(|r| format!("({})", placeholders(r * n + 1, n))).collect();
+                let set: Vec<String> = UPDATED_COLS[1..].iter().map(|c| format!("{c} = v.{c}")).collect();
+                format!(
+                    "WITH v ({}) AS (VALUES {}) UPDATE message SET {} FROM v WHERE message.id = v.id",
+                    UPDATED_COLS.join(", "),
+                    rows.join(", "),
+                    set.join(", ")
+                )
+            }
+        };
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for m in chunk {
+            q = q
+                .bind(m.id.clone())
+                .bind(m.text.clone())
+                .bind(m.html.clone())
+                .bind(m.mml.clone())
+                .bind(serde_json::to_string(&m.attachments)?)
+                .bind(serde_json::to_string(&m.mentioned_users)?)
+                .bind(m.silent)
+                .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
+                .bind(serde_json::to_string(&m.custom)?)
+                .bind(m.pinned)
+                .bind(m.pinned_at)
+                .bind(m.pinned_by_id.clone())
+                .bind(m.pin_expires)
+                .bind(m.updated_at)
+                .bind(m.message_text_updated_at)
+                .bind(serde_json::to_string(&m.restricted_visibility)?)
+                .bind(m.show_in_channel)
+                .bind(m.command.clone());
+        }
+        q.execute(crate::counted(&mut *tx.tx)).await?;
     }
     Ok(())
 }

@@ -919,3 +919,45 @@ async fn a_message_of_a_deleted_channel_or_before_a_truncation_cannot_be_changed
     })
     .await;
 }
+
+/// In a group, the rows of plain updates are written together, and an update that changes who
+/// sees a message (here: restricting it to one reader) is written after every update that
+/// arrived before it and before every one after: nothing is lost, each message ends as its last
+/// update left it, and the restriction holds for the channel's other members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_keeps_every_change_around_one_that_restricts_a_message() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "grp-vis", &["amy", "ben", "cy"]).await;
+        let ids: Vec<String> = (0..4).map(|i| format!("vis-{i}")).collect();
+        for id in &ids {
+            s.send_message(&ch.cid, &msg(id, ""), &user("amy")).await.expect("send");
+        }
+        let amy = user("amy");
+        for round in 0..3 {
+            // Six updates of each message, interleaved; the third of `vis-1` restricts it to ben.
+            let plan: Vec<(usize, usize)> = (0..6).flat_map(|k| (0..ids.len()).map(move |i| (i, k))).collect();
+            let outcomes = futures_util::future::join_all(plan.iter().map(|&(i, k)| {
+                s.update_message(&ids[i], &amy, move |m| {
+                    m.text.push_str(&format!("{k},"));
+                    if i == 1 && k == 2 {
+                        m.restricted_visibility = vec!["ben".to_string()];
+                    }
+                    Ok(())
+                })
+            }))
+            .await;
+            for o in outcomes {
+                o.expect("every update applies");
+            }
+            let once = "0,1,2,3,4,5,";
+            for id in &ids {
+                assert_eq!(stored(s, id).await.text, once.repeat(round + 1), "round {round}: every update of {id} kept, in order");
+            }
+            assert_eq!(stored(s, &ids[1]).await.restricted_visibility, vec!["ben".to_string()]);
+            assert!(!ids_seen_by(s, &ch.cid, &viewer("cy")).await.contains(&ids[1]), "cy no longer sees the restricted message");
+            assert!(ids_seen_by(s, &ch.cid, &viewer("ben")).await.contains(&ids[1]), "ben does");
+        }
+    })
+    .await;
+}
