@@ -11,13 +11,16 @@
 //! its updates is written again alone, in arrival order, with the outcome it would have had
 //! without the group.
 //!
-//! Updates are taken in arrival order, and updates of one message in one group are applied to
-//! it in that order, each announced with the message as it was after it.
+//! Updates are taken in arrival order, and a message's updates are applied to it in that order,
+//! each announced with the message as it was after it: updates of one message in one group are
+//! applied in order, and a message with updates in a group being written has its later updates
+//! wait for that group (two writers run at once on PostgreSQL, and the later group could
+//! otherwise take the channel's lock first).
 
 use crate::messages::Editor;
 use crate::{Result, Store};
 use offshoot_core::model::{Channel, Message};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -43,29 +46,74 @@ pub(crate) const MAX_GROUP: usize = 128;
 
 /// The queue of updates and the writers that drain it.
 pub(crate) struct Updates {
-    queue: Mutex<VecDeque<Pending>>,
+    queue: Mutex<Queue>,
     /// Groups being written at once: one on SQLite (one writer anyway), two on PostgreSQL (one
     /// group's statements run while the other's commit waits for its disk flush).
     writers: Arc<Semaphore>,
 }
 
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Pending>,
+    /// Messages with updates in a group being written. Their later updates wait for that group
+    /// to end (its writer takes them next), so two groups written at once never hold updates of
+    /// one message, and a message's updates are applied in the order they arrived.
+    in_flight: HashSet<String>,
+}
+
 impl Updates {
     pub(crate) fn new(writers: usize) -> Updates {
-        Updates { queue: Mutex::new(VecDeque::new()), writers: Arc::new(Semaphore::new(writers.max(1))) }
+        Updates { queue: Mutex::default(), writers: Arc::new(Semaphore::new(writers.max(1))) }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn push(&self, p: Pending) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(p);
+        self.queue().waiting.push_back(p);
     }
 
+    /// The next group: up to [`MAX_GROUP`] waiting updates in arrival order, passing over those
+    /// of messages in another writer's group. Its messages are in flight until its [`Flight`] is dropped.
     fn take(&self) -> Vec<Pending> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let n = q.len().min(MAX_GROUP);
-        q.drain(..n).collect()
+        let mut q = self.queue();
+        let mut group = Vec::new();
+        let mut passed = VecDeque::new();
+        while let Some(p) = q.waiting.pop_front() {
+            if group.len() < MAX_GROUP && !q.in_flight.contains(&p.id) {
+                group.push(p);
+            } else {
+                passed.push_back(p);
+            }
+        }
+        q.waiting = passed;
+        for p in &group {
+            q.in_flight.insert(p.id.clone());
+        }
+        group
     }
 
-    fn is_empty(&self) -> bool {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    /// Whether an update waits that a new writer could take now.
+    fn has_ready(&self) -> bool {
+        let q = self.queue();
+        q.waiting.iter().any(|p| !q.in_flight.contains(&p.id))
+    }
+}
+
+/// The messages of a group being written; no longer in flight once it is dropped (also when
+/// the writer's task panics, so their later updates are not held for ever).
+struct Flight<'a> {
+    updates: &'a Updates,
+    ids: Vec<String>,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        let mut q = self.updates.queue();
+        for id in &self.ids {
+            q.in_flight.remove(id);
+        }
     }
 }
 
@@ -100,6 +148,7 @@ impl Store {
             if group.is_empty() {
                 break;
             }
+            let _flight = Flight { updates: &self.updates, ids: group.iter().map(|p| p.id.clone()).collect() };
             let (outcomes, statements) = crate::count_statements(self.write_group(&group)).await;
             let mut statements = Some(statements);
             for (p, outcome) in group.into_iter().zip(outcomes) {
@@ -108,8 +157,9 @@ impl Store {
         }
         drop(turn);
         // An update queued after the last look but before the turn was given back found no
-        // free writer: it is written now.
-        if !self.updates.is_empty() {
+        // free writer: it is written now. (One waiting for another writer's group is taken by
+        // that writer when its group ends.)
+        if self.updates.has_ready() {
             self.start_writer();
         }
     }

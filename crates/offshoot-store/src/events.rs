@@ -39,12 +39,8 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
     }
     // 5 parameters a row; a statement stays far below either engine's parameter limit.
     for (i, chunk) in rows.chunks(500).enumerate() {
-        let values: Vec<String> = (0..chunk.len())
-            .map(|i| {
-                let b = i * 5;
-                format!("(${}, ${}, ${}, ${}, ${})", b + 1, b + 2, b + 3, b + 4, b + 5)
-            })
-            .collect();
+        let values: Vec<String> =
+            (0..chunk.len()).map(|i| format!("({})", crate::rows::many_placeholders(backend, i * 5 + 1, 5))).collect();
         let sql = match backend {
             // The lock is taken by the statement's first row: every row, and so every `seq`
             // drawn for one, comes after it. No NOTIFY here: see [`announce`].

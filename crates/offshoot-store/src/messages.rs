@@ -904,7 +904,8 @@ async fn write_rows(tx: &mut Tx, msgs: &[&Message]) -> Result<()> {
                 format!("UPDATE message SET {} WHERE id = $1", set.join(", "))
             }
             _ => {
-                let rows: Vec<String> = (0..chunk.len()).map(|r| format!("({})", placeholders(r * n + 1, n))).collect();
+                let rows: Vec<String> =
+                    (0..chunk.len()).map(|r| format!("({})", rows::many_placeholders(tx.backend, r * n + 1, n))).collect();
                 let set: Vec<String> = UPDATED_COLS[1..].iter().map(|c| format!("{c} = v.{c}")).collect();
                 format!(
                     "WITH v ({}) AS (VALUES {}) UPDATE message SET {} FROM v WHERE message.id = v.id",

@@ -536,3 +536,15 @@ pub(crate) async fn fetch_messages(conn: &mut AnyConnection, sql: &str, args: An
 pub(crate) fn placeholders(first: usize, n: usize) -> String {
     (first..first + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
+
+/// [`placeholders`] for a statement with many parameters, all numbered in order: on SQLite
+/// they are anonymous `?` (the i-th is parameter i). SQLite finds a numbered parameter's name
+/// by walking the list of every name, for each parameter bound and each one parsed, so binding
+/// a statement of n numbered parameters costs n² steps: a group's 1,800 took a third of the
+/// writer's time (BENCHMARKS.md, eleventh session).
+pub(crate) fn many_placeholders(backend: crate::Backend, first: usize, n: usize) -> String {
+    match backend {
+        crate::Backend::Sqlite => vec!["?"; n].join(", "),
+        crate::Backend::Postgres => placeholders(first, n),
+    }
+}
