@@ -163,15 +163,6 @@ async fn fetch_sources(tx: &mut Tx, sql: &str, binds: &[Bind]) -> Result<Vec<Cop
     Ok(sources)
 }
 
-/// `n` placeholders starting at `$first`: `?` on SQLite (which resolves `$n` names by a linear
-/// search when preparing, quadratic in their number), `$n` on PostgreSQL.
-fn params(backend: Backend, first: usize, n: usize) -> String {
-    match backend {
-        Backend::Sqlite => vec!["?"; n].join(", "),
-        Backend::Postgres => placeholders(first, n),
-    }
-}
-
 /// Rows per statement of a page's copy (a full page, [`offshoot_core::fork::BACKFILL_PAGE`], is
 /// one statement of each kind): 4 bound values a row, well inside both engines' limits.
 const COPY_CHUNK: usize = 1000;
@@ -235,7 +226,8 @@ fn plan_copies(
 async fn taken_ids(tx: &mut Tx, copy_ids: &[String]) -> Result<HashMap<String, (String, Option<String>)>> {
     let mut taken = HashMap::new();
     for chunk in copy_ids.chunks(COPY_CHUNK) {
-        let sql = format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", params(tx.backend, 1, chunk.len()));
+        let sql =
+            format!("SELECT id, cid, source_message_id FROM message WHERE id IN ({})", rows::many_placeholders(tx.backend, 1, chunk.len()));
         let mut q = sqlx::query_as::<_, (String, String, Option<String>)>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
@@ -258,7 +250,7 @@ async fn insert_copies(
 ) -> Result<()> {
     let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
     for chunk in copies.chunks(COPY_CHUNK) {
-        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 2 + i * 4, 4))).collect();
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", rows::many_placeholders(backend, 2 + i * 4, 4))).collect();
         let sql = format!(
             "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
              attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, reply_count, \
@@ -267,7 +259,7 @@ async fn insert_copies(
              {attachments}, m.mentioned_users, m.restricted_visibility, m.silent, m.i18n, m.custom, FALSE, FALSE, 0, \
              0, m.created_at, m.updated_at, m.message_text_updated_at, m.cid, m.id \
              FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1",
-            p1 = params(backend, 1, 1),
+            p1 = rows::many_placeholders(backend, 1, 1),
             values = values.join(", "),
         );
         let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
@@ -315,7 +307,7 @@ async fn copy_messages(
     if plan.restricted {
         // Restricted visibility rows of the copies.
         for chunk in plan.copies.chunks(COPY_CHUNK) {
-            let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params(backend, 1 + i * 2, 2))).collect();
+            let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", rows::many_placeholders(backend, 1 + i * 2, 2))).collect();
             let sql = format!(
                 "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) \
                  SELECT v.column2, r.user_id, r.created_at, r.updated_at FROM (VALUES {}) AS v JOIN message_restricted r ON r.message_id = v.column1",
@@ -341,7 +333,7 @@ async fn copy_messages(
     for chunk in recount.chunks(500) {
         let sql = format!(
             "UPDATE message SET reply_count = (SELECT COUNT(*) FROM message r WHERE r.parent_id = message.id) WHERE id IN ({})",
-            params(backend, 1, chunk.len())
+            rows::many_placeholders(backend, 1, chunk.len())
         );
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for id in chunk {
