@@ -1097,12 +1097,7 @@ const MESSAGE_INSERT_N: usize = 30;
 async fn insert_message_rows_with(tx: &mut Tx, msgs: &[Message], conflict: &str) -> Result<bool> {
     let mut written = 0;
     for chunk in msgs.chunks(100) {
-        // SQLite resolves each `$n` name by a linear search at prepare time (quadratic in the
-        // number of parameters); plain `?` numbers itself in order. PostgreSQL needs `$n`.
-        let row = |i: usize| match tx.backend {
-            crate::Backend::Sqlite => format!("({})", vec!["?"; MESSAGE_INSERT_N].join(", ")),
-            crate::Backend::Postgres => format!("({})", placeholders(i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N)),
-        };
+        let row = |i: usize| format!("({})", rows::many_placeholders(tx.backend, i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N));
         let rows: Vec<String> = (0..chunk.len()).map(row).collect();
         let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}{conflict}", rows.join(", "));
         let mut q = sqlx::query(AssertSqlSafe(sql));
@@ -1153,12 +1148,7 @@ pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyCon
     let pairs: Vec<(&str, &str, i64)> =
         msgs.iter().flat_map(|m| m.restricted_visibility.iter().map(move |u| (m.id.as_str(), u.as_str(), m.created_at))).collect();
     for chunk in pairs.chunks(300) {
-        let rows: Vec<String> = (0..chunk.len())
-            .map(|i| match backend {
-                crate::Backend::Sqlite => "(?, ?, ?, ?)".to_string(),
-                crate::Backend::Postgres => format!("({})", placeholders(i * 4 + 1, 4)),
-            })
-            .collect();
+        let rows: Vec<String> = (0..chunk.len()).map(|i| format!("({})", rows::many_placeholders(backend, i * 4 + 1, 4))).collect();
         let sql = format!(
             "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) VALUES {} ON CONFLICT DO NOTHING",
             rows.join(", ")
