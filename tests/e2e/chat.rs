@@ -57,6 +57,7 @@ async fn the_agent_channel_type_max_message_length_can_be_changed_and_is_enforce
     // A partial update is held to it too, server-side (checked in the store) and client-side.
     for token in [app.server(), app.user("u1")] {
         app.put(&format!("/messages/{id}"), &token, json!({"set": {"text": "0123456789x"}})).await.err(400, 20);
+        app.post(&format!("/messages/{id}"), &token, json!({"message": {"text": "0123456789x", "user_id": "u1"}})).await.err(400, 20);
     }
     let ok = app.put(&format!("/messages/{id}"), &app.server(), json!({"set": {"text": "9876543210"}})).await.ok();
     assert_eq!(ok["message"]["text"], json!("9876543210"), "{ok}");
@@ -390,9 +391,16 @@ async fn a_full_message_update_replaces_it_and_a_partial_update_sets_and_unsets(
     assert_eq!(anon["message"]["user"]["id"], json!("u1"), "{anon}");
     assert_eq!(anon["message"]["pinned_by"]["id"], json!("u1"), "{anon}");
     app.put("/messages/no-such-message", &app.server(), json!({"set": {"text": "x"}})).await.err(404, 16);
+    // A deleted message cannot be updated in full, server-side or not.
+    let gone = app.say(cid, "u1", "to delete").await;
+    app.delete(&format!("/messages/{gone}"), &app.server()).await.ok();
+    for token in [app.server(), app.user("u1")] {
+        app.post(&format!("/messages/{gone}"), &token, json!({"message": {"text": "back", "user_id": "u1"}})).await.err(400, 4);
+    }
     // A message of a deleted channel is gone for a server-side change too.
     app.delete("/channels/agent/edit", &app.server()).await.ok();
     app.put(&format!("/messages/{id}"), &app.server(), json!({"set": {"text": "v5"}, "user_id": "u1"})).await.err(404, 16);
+    app.post(&format!("/messages/{id}"), &app.server(), json!({"message": {"text": "v5", "user_id": "u1"}})).await.err(404, 16);
 }
 
 #[tokio::test]
