@@ -19,8 +19,10 @@
 
 use crate::messages::Editor;
 use crate::{Result, Store};
+use futures_util::FutureExt;
 use offshoot_core::model::{Channel, Message};
 use std::collections::{HashSet, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -128,8 +130,8 @@ impl Store {
                 crate::counted::add(statements);
                 outcome
             }
-            // The writer's task ended without an answer (it panicked): whether the update was
-            // committed is unknown, as with a connection lost at commit.
+            // The writer gave no answer (writing its group panicked, `write_queued`): the caller
+            // is told as with a connection lost.
             Err(_) => Err(crate::StoreError::Unavailable(sqlx::Error::WorkerCrashed)),
         }
     }
@@ -149,7 +151,14 @@ impl Store {
                 break;
             }
             let _flight = Flight { updates: &self.updates, ids: group.iter().map(|p| p.id.clone()).collect() };
-            let (outcomes, statements) = crate::count_statements(self.write_group(&group)).await;
+            // A change that panics fails its group, not the writer: the group's transaction is
+            // rolled back, its updates are answered as with a lost connection, and the writer
+            // goes on with the queue (which would otherwise wait for the next update to arrive).
+            let written = AssertUnwindSafe(crate::count_statements(self.write_group(&group))).catch_unwind().await;
+            let Ok((outcomes, statements)) = written else {
+                tracing::error!(updates = group.len(), "writing a group of message updates panicked; its updates fail");
+                continue;
+            };
             let mut statements = Some(statements);
             for (p, outcome) in group.into_iter().zip(outcomes) {
                 let _ = p.reply.send((outcome, statements.take().unwrap_or(0)));

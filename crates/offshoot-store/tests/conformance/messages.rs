@@ -961,3 +961,44 @@ async fn a_group_keeps_every_change_around_one_that_restricts_a_message() {
     })
     .await;
 }
+
+/// A change that panics fails the group it is written in (its update gets an unavailable error
+/// and nothing of it is written), not the queue: updates that arrived while it was written, and
+/// wait behind it, are written without another update arriving to start a writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_panics_fails_its_group_and_the_queue_goes_on() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "grp-panic", &["amy"]).await;
+        let ids: Vec<String> = (0..6).map(|i| format!("panic-{i}")).collect();
+        for id in &ids {
+            s.send_message(&ch.cid, &msg(id, "v"), &user("amy")).await.expect("send");
+        }
+        let amy = user("amy");
+        let first = s.update_message(&ids[0], &amy, |_| {
+            // Holds the writer while the others arrive.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            panic!("a change that panics")
+        });
+        let later = async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            futures_util::future::join_all(ids[1..].iter().map(|id| {
+                s.update_message(id, &amy, |m| {
+                    m.text = "changed".into();
+                    Ok(())
+                })
+            }))
+            .await
+        };
+        let (first, later) = tokio::time::timeout(std::time::Duration::from_secs(20), async { tokio::join!(first, later) })
+            .await
+            .expect("the updates behind the failed group were written");
+        assert!(matches!(first, Err(offshoot_store::StoreError::Unavailable(_))), "{first:?}");
+        assert_eq!(stored(s, &ids[0]).await.text, "v", "nothing of the failed group is written");
+        for (id, outcome) in ids[1..].iter().zip(later) {
+            assert_eq!(outcome.expect("written").text, "changed", "{id}");
+            assert_eq!(stored(s, id).await.text, "changed", "{id}");
+        }
+    })
+    .await;
+}
