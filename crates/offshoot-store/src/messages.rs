@@ -829,7 +829,7 @@ async fn named_editors<'a>(
 /// Whether a message (not hidden) of the locked `ch` may be changed: its channel is not
 /// deleted and it is not before the channel's truncation.
 fn writable(ch: &Channel, m: &Message) -> bool {
-    ch.deleted_at.is_none() && ch.truncated_at.is_none_or(|t| m.created_at > t)
+    ch.deleted_at.is_none() && is_visible(m, false, ch.truncated_at, &Viewer::Server)
 }
 
 /// `before` with `change` applied and stamped as updated now; nothing is written.
@@ -889,6 +889,12 @@ const UPDATED_COLS: [&str; 18] = [
     "command",
 ];
 
+/// [`write_rows`] for one message: a plain `UPDATE … WHERE id = $1`, built once.
+static ONE_ROW: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let set: Vec<String> = UPDATED_COLS[1..].iter().enumerate().map(|(i, c)| format!("{c} = ${}", i + 2)).collect();
+    format!("UPDATE message SET {} WHERE id = $1", set.join(", "))
+});
+
 /// Rows of a statement of [`write_rows`]: 18 parameters each, far below either engine's limit.
 const ROWS_PER_UPDATE: usize = 100;
 
@@ -899,10 +905,7 @@ async fn write_rows(tx: &mut Tx, msgs: &[&Message]) -> Result<()> {
     let n = UPDATED_COLS.len();
     for chunk in msgs.chunks(ROWS_PER_UPDATE) {
         let sql = match chunk {
-            [_] => {
-                let set: Vec<String> = UPDATED_COLS[1..].iter().enumerate().map(|(i, c)| format!("{c} = ${}", i + 2)).collect();
-                format!("UPDATE message SET {} WHERE id = $1", set.join(", "))
-            }
+            [_] => ONE_ROW.clone(),
             _ => {
                 let rows: Vec<String> =
                     (0..chunk.len()).map(|r| format!("({})", rows::many_placeholders(tx.backend, r * n + 1, n))).collect();
@@ -1317,16 +1320,9 @@ pub(crate) async fn hydrate_messages_of(
     quoted_ids.sort();
     quoted_ids.dedup();
     let mut quoted: HashMap<String, Message> = HashMap::new();
-    for chunk in quoted_ids.chunks(500) {
-        let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id IN ({})", placeholders(1, chunk.len()));
-        let mut q = sqlx::query_as::<_, MessageRow>(AssertSqlSafe(sql));
-        for id in chunk {
-            q = q.bind(id.clone());
-        }
-        for (m, hidden) in q.fetch_all(crate::counted(&mut *conn)).await?.into_iter().map(MessageRow::with_hidden) {
-            if m.deleted_at.is_none() && is_visible(&m, hidden, truncated_at(&m.cid), viewer) {
-                quoted.insert(m.id.clone(), m);
-            }
+    for (m, hidden) in load_messages(conn, &quoted_ids).await? {
+        if m.deleted_at.is_none() && is_visible(&m, hidden, truncated_at(&m.cid), viewer) {
+            quoted.insert(m.id.clone(), m);
         }
     }
     // Reactions.
