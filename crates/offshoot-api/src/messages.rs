@@ -167,46 +167,39 @@ async fn editor(st: &ApiState, ctx: &Ctx, actor: &Actor, m: &Message) -> Result<
     Ok(st.store.get_user(&m.user_id).await?.unwrap_or_else(|| User::placeholder(&m.user_id, "user")))
 }
 
-/// `POST /messages/{id}`: full update. A server-side request reads nothing before its write, as
-/// a partial update's (the store checks the message under its channel's lock).
+/// Who changes message `id`. A server-side request names a user or nobody (the author) and reads
+/// nothing first: the store checks the message under its channel's lock (an agent streams its
+/// answer as updates, BENCHMARKS.md figure e). A user's request is checked here first: the user
+/// must see the message, read its channel and own it (or be an admin).
+async fn editor_of(st: &ApiState, ctx: &Ctx, actor: &Actor, id: &str) -> Result<Editor, Error> {
+    if ctx.viewer.is_server() {
+        return Ok(actor.id()?.map_or(Editor::Author, Editor::Named));
+    }
+    let (m, _) = writable_message(st, ctx, id).await?;
+    may_edit(ctx, &m)?;
+    Ok(Editor::User(editor(st, ctx, actor, &m).await?))
+}
+
+/// `POST /messages/{id}`: full update.
 pub async fn update_message(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
     Body(body): Body<MessageRequest>,
 ) -> ApiResult<Json<Value>> {
-    if ctx.viewer.is_server() {
-        let msg = present(body.message, "message")?;
-        let named = msg.actor.id()?;
-        let editor = named.clone().map_or(Editor::Author, Editor::Named);
-        // The length is checked against the channel's type in the change.
-        let new = msg.into_new(true, i64::MAX)?;
-        let updated = st
-            .store
-            .edit_message(&id, editor, move |m, ch| {
-                if m.deleted_at.is_some() {
-                    return Err(Error::input("a deleted message cannot be updated"));
-                }
-                input::check_length(&new.text, ch.max_message_length())?;
-                let by = named.clone().unwrap_or_else(|| m.user_id.clone());
-                replace(m, &new, &by);
-                Ok(())
-            })
-            .await?;
-        return Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})));
-    }
-    let (m, ch) = writable_message(&st, &ctx, &id).await?;
-    may_edit(&ctx, &m)?;
     let msg = present(body.message, "message")?;
-    if m.deleted_at.is_some() {
-        return Err(Error::input("a deleted message cannot be updated").into());
-    }
-    let actor = editor(&st, &ctx, &msg.actor, &m).await?;
-    let new = msg.into_new(ctx.viewer.is_admin(), ch.max_message_length())?;
-    let by = actor.id.clone();
+    let editor = editor_of(&st, &ctx, &msg.actor, &id).await?;
+    // The length is checked against the channel's type, as locked, in the change.
+    let new = msg.into_new(ctx.viewer.is_admin(), i64::MAX)?;
+    let who = editor.clone();
     let updated = st
         .store
-        .update_message(&id, &actor, move |m| {
+        .edit_message(&id, editor, move |m, ch| {
+            if m.deleted_at.is_some() {
+                return Err(Error::input("a deleted message cannot be updated"));
+            }
+            input::check_length(&new.text, ch.max_message_length())?;
+            let by = who.id_for(m).to_string();
             replace(m, &new, &by);
             Ok(())
         })
@@ -327,36 +320,24 @@ pub struct PatchMessageRequest {
     actor: Actor,
 }
 
-/// `PUT /messages/{id}`: partial update. A server-side request may change any message it can
-/// see, so the store checks it under the channel's lock and nothing is read before (an agent
-/// streams its answer as partial updates, BENCHMARKS.md figure e); a user's is checked first.
+/// `PUT /messages/{id}`: partial update.
 pub async fn partial_update_message(
     State(st): State<ApiState>,
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
     Body(body): Body<PatchMessageRequest>,
 ) -> ApiResult<Json<Value>> {
-    if ctx.viewer.is_server() {
-        let named = body.actor.id()?;
-        let editor = named.clone().map_or(Editor::Author, Editor::Named);
-        let (set, unset) = body.patch.into_parts();
-        let updated = st
-            .store
-            .edit_message(&id, editor, move |m, ch| {
-                let by = named.clone().unwrap_or_else(|| m.user_id.clone());
-                apply_partial(m, &set, &unset, ch.max_message_length(), &by, true)
-            })
-            .await?;
-        return Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})));
-    }
-    let (m, ch) = writable_message(&st, &ctx, &id).await?;
-    may_edit(&ctx, &m)?;
-    let actor = editor(&st, &ctx, &body.actor, &m).await?;
+    let editor = editor_of(&st, &ctx, &body.actor, &id).await?;
     let (set, unset) = body.patch.into_parts();
-    let by = actor.id.clone();
-    let max = ch.max_message_length();
     let server = ctx.viewer.is_server();
-    let updated = st.store.update_message(&id, &actor, move |m| apply_partial(m, &set, &unset, max, &by, server)).await?;
+    let who = editor.clone();
+    let updated = st
+        .store
+        .edit_message(&id, editor, move |m, ch| {
+            let by = who.id_for(m).to_string();
+            apply_partial(m, &set, &unset, ch.max_message_length(), &by, server)
+        })
+        .await?;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
 }
 

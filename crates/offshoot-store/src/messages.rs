@@ -792,6 +792,15 @@ pub enum Editor {
 }
 
 impl Editor {
+    /// The id of who changes `m` (who pins it, when the change pins it).
+    pub fn id_for<'a>(&'a self, m: &'a Message) -> &'a str {
+        match self {
+            Editor::User(u) => &u.id,
+            Editor::Named(id) => id,
+            Editor::Author => &m.user_id,
+        }
+    }
+
     /// The user `m`, hydrated, was changed by; `named` holds the named editors other than
     /// its author ([`named_editors`]).
     fn user(&self, m: &Message, named: &HashMap<String, User>) -> User {
