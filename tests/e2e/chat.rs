@@ -51,9 +51,18 @@ async fn the_agent_channel_type_max_message_length_can_be_changed_and_is_enforce
     let st = app.channel("agent:short", "u1", &["u1"]).await;
     assert_eq!(st["channel"]["config"]["max_message_length"], json!(10), "{st}");
     let id = app.say("agent:short", "u1", "0123456789").await;
+    // A send is held to it, server-side (checked in the store, under the channel's lock) and
+    // client-side, and nothing is stored; a server-side send to a channel that does not exist
+    // is a 404 whatever its text.
     app.post("/channels/agent/short/message", &app.server(), json!({"message": {"text": "0123456789x", "user_id": "u1"}}))
         .await
         .err(400, 20);
+    app.post("/channels/agent/short/message", &app.user("u1"), json!({"message": {"text": "0123456789x"}})).await.err(400, 20);
+    let listed = app.get("/channels/agent/short", &app.server()).await.ok();
+    assert_eq!(listed["messages"].as_array().map(Vec::len), Some(1), "only the message that fits: {listed}");
+    for text in ["short", "0123456789x"] {
+        app.post("/channels/agent/nowhere/message", &app.server(), json!({"message": {"text": text, "user_id": "u1"}})).await.err(404, 16);
+    }
     // A partial update is held to it too, server-side (checked in the store) and client-side.
     for token in [app.server(), app.user("u1")] {
         app.put(&format!("/messages/{id}"), &token, json!({"set": {"text": "0123456789x"}})).await.err(400, 20);

@@ -376,16 +376,7 @@ pub fn mentioned(list: Option<Vec<UserRef>>) -> R<Vec<String>> {
     list.unwrap_or_default().iter().map(|u| required(u.id().map(str::to_string), "mentioned_users.id")).collect()
 }
 
-/// The error of text longer than the channel type's `max_message_length`.
-pub fn check_length(text: &str, max_text: i64) -> R<()> {
-    if text.chars().count() as i64 > max_text {
-        return Err(Error::new(
-            offshoot_core::ErrorKind::MessageTooLong,
-            format!("message text is longer than {max_text} characters, the channel type's max_message_length"),
-        ));
-    }
-    Ok(())
-}
+pub use offshoot_core::model::check_text_length as check_length;
 
 /// The error of more attachments than a message may carry.
 pub fn check_attachments(n: usize) -> R<()> {

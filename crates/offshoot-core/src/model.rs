@@ -134,6 +134,22 @@ impl Channel {
     pub fn max_message_length(&self) -> i64 {
         self.config.as_ref().map_or(DEFAULT_MAX_MESSAGE_LENGTH, |c| c.max_message_length)
     }
+
+    /// A message text fits its type's `max_message_length` ([`check_text_length`]).
+    pub fn check_text(&self, text: &str) -> Result<(), crate::Error> {
+        check_text_length(text, self.max_message_length())
+    }
+}
+
+/// A message text is at most `max_text` characters (a channel type's `max_message_length`).
+pub fn check_text_length(text: &str, max_text: i64) -> Result<(), crate::Error> {
+    if text.chars().count() as i64 > max_text {
+        return Err(crate::Error::new(
+            crate::ErrorKind::MessageTooLong,
+            format!("message text is longer than {max_text} characters, the channel type's max_message_length"),
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -1,18 +1,19 @@
-//! Group commit of message updates. An agent streams its answer as a partial update of one
-//! message twenty times a second; each update alone is a transaction of its own (lock, read,
-//! write, hydrate, outbox, commit), and two cores ran out at about 1,000 of them a second
-//! (BENCHMARKS.md, figure e). Here the updates that arrive while earlier ones are being written
-//! wait in one queue and are written together, in one transaction, by the next free writer: a
-//! lone update is written at once, a stream of them in groups whose size follows the load.
+//! Group commit of message writes. An agent streams its answer as a partial update of one
+//! message twenty times a second, and a busy app sends hundreds of messages a second; each
+//! write alone is a transaction of its own (lock, read, write, outbox, commit and its disk
+//! flush), and two cores ran out at about 1,000 updates or 750 sends a second (BENCHMARKS.md,
+//! figures e and f). Here the writes that arrive while earlier ones are being written wait in a
+//! queue of their kind and are written together, in one transaction, by the next free writer:
+//! a lone write is written at once, a stream of them in groups whose size follows the load.
 //!
-//! Each update keeps its own outcome: one that names a missing message, or whose change refuses,
-//! fails alone and the others are written. If the group's transaction fails as a whole (a
-//! deadlock that outlives its retries, a refused write), nothing of it was committed and each of
-//! its updates is written again alone, in arrival order, with the outcome it would have had
-//! without the group.
+//! Each write keeps its own outcome: one that fails alone (an update naming a missing message,
+//! a change that refuses) fails and the others are written. If the group's transaction fails as
+//! a whole (a deadlock that outlives its retries, a refused write, a send refused midway),
+//! nothing of it was committed and each of its writes is written again alone, in arrival order,
+//! with the outcome it would have had without the group.
 //!
-//! Updates are taken in arrival order, and a message's updates are applied to it in that order,
-//! each announced with the message as it was after it: updates of one message in one group are
+//! Writes are taken in arrival order. A message's updates are applied to it in that order, each
+//! announced with the message as it was after it: updates of one message in one group are
 //! applied in order, and a message with updates in a group being written has its later updates
 //! wait for that group (two writers run at once on PostgreSQL, and the later group could
 //! otherwise take the channel's lock first).
@@ -20,8 +21,9 @@
 use crate::messages::Editor;
 use crate::{Result, Store};
 use futures_util::FutureExt;
-use offshoot_core::model::{Channel, Message};
+use offshoot_core::model::{Channel, Message, NewMessage, User};
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
@@ -33,57 +35,154 @@ pub(crate) type ChangeFn = dyn Fn(&mut Message, &Channel) -> offshoot_core::erro
 /// A queued change.
 pub(crate) type Change = Arc<ChangeFn>;
 
-/// One update waiting for a writer.
-pub(crate) struct Pending {
+/// A kind of write that is written in groups.
+pub(crate) trait Work: Sized + Send + Sync + 'static {
+    type Output: Send + 'static;
+    /// The store's queue of this kind.
+    fn groups(store: &Store) -> &Groups<Self>;
+    /// What two groups being written at once must not both hold (a message's updates), if any.
+    fn key(&self) -> Option<&str> {
+        None
+    }
+    /// The write in a transaction of its own (retried when it loses to a concurrent writer).
+    fn alone(&self, store: &Store) -> impl Future<Output = Result<Self::Output>> + Send;
+    /// The writes of `group` in one transaction (retried likewise): the outcome of each, in
+    /// order, or the transaction's error when it failed as a whole.
+    fn together(store: &Store, group: &[Self]) -> impl Future<Output = Result<Vec<Result<Self::Output>>>> + Send;
+}
+
+/// An update of a stored message ([`Store::edit_message`]).
+pub(crate) struct QueuedUpdate {
     pub(crate) id: String,
     pub(crate) editor: Editor,
     pub(crate) change: Change,
-    /// The outcome, and the statements it took (`counted.rs`; a group's go to its first update).
-    pub(crate) reply: oneshot::Sender<(Result<Message>, u64)>,
 }
 
-/// The most updates one group writes: its statements stay far below either engine's
-/// parameter limit and its transaction short.
+/// A new message ([`Store::send_message`]).
+pub(crate) struct QueuedSend {
+    pub(crate) cid: String,
+    pub(crate) new: NewMessage,
+    pub(crate) author: User,
+}
+
+impl Work for QueuedUpdate {
+    type Output = Message;
+
+    fn groups(store: &Store) -> &Groups<Self> {
+        &store.updates
+    }
+
+    fn key(&self) -> Option<&str> {
+        Some(&self.id)
+    }
+
+    async fn alone(&self, store: &Store) -> Result<Message> {
+        store.retrying("update_message", || store.update_message_once(&self.id, &self.editor, &*self.change)).await
+    }
+
+    async fn together(store: &Store, group: &[Self]) -> Result<Vec<Result<Message>>> {
+        store.retrying("update_messages", || store.update_messages_once(group)).await
+    }
+}
+
+impl Work for QueuedSend {
+    /// The message as written, and its channel's truncation (to hydrate it).
+    type Output = (Message, Option<i64>);
+
+    fn groups(store: &Store) -> &Groups<Self> {
+        &store.sends
+    }
+
+    /// Two groups written at once never share a channel: neither waits for the other's channel
+    /// locks, and a channel's sends are written in the order they arrived.
+    fn key(&self) -> Option<&str> {
+        Some(&self.cid)
+    }
+
+    async fn alone(&self, store: &Store) -> Result<(Message, Option<i64>)> {
+        store.retrying("send_message", || store.send_message_once(&self.cid, &self.new, &self.author)).await
+    }
+
+    /// Each send is checked and refused alone (`sends.rs`); those it leaves (a reply to or a
+    /// quote of a message of the same group, a second send of one id) are written alone after it.
+    async fn together(store: &Store, group: &[Self]) -> Result<Vec<Result<(Message, Option<i64>)>>> {
+        let outcomes = store.retrying("send_messages", || store.send_messages_once(group)).await?;
+        let mut out = Vec::with_capacity(group.len());
+        for (s, outcome) in group.iter().zip(outcomes) {
+            out.push(match outcome {
+                Some(outcome) => outcome,
+                None => s.alone(store).await,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The outcome of each write of `group`, in order: written together, or each alone when the
+/// group's transaction failed as a whole.
+async fn write_group<W: Work>(store: &Store, group: &[W]) -> Vec<Result<W::Output>> {
+    if let [w] = group {
+        return vec![w.alone(store).await];
+    }
+    match W::together(store, group).await {
+        Ok(outcomes) => outcomes,
+        Err(e) => {
+            tracing::debug!(error = %e, writes = group.len(), "a group of writes failed; writing each alone");
+            let mut outcomes = Vec::with_capacity(group.len());
+            for w in group {
+                outcomes.push(w.alone(store).await);
+            }
+            outcomes
+        }
+    }
+}
+
+/// One write waiting for a writer.
+struct Pending<W: Work> {
+    work: W,
+    /// The outcome, and the statements it took (`counted.rs`; a group's go to its first write).
+    reply: oneshot::Sender<(Result<W::Output>, u64)>,
+}
+
+/// The most writes one group holds: its statements stay far below either engine's parameter
+/// limit and its transaction short.
 pub(crate) const MAX_GROUP: usize = 128;
 
-/// The queue of updates and the writers that drain it.
-pub(crate) struct Updates {
-    queue: Mutex<Queue>,
-    /// Groups being written at once: one on SQLite (one writer anyway), two on PostgreSQL (one
-    /// group's statements run while the other's commit waits for its disk flush).
+/// The queue of one kind of write and the writers that drain it.
+pub(crate) struct Groups<W: Work> {
+    queue: Mutex<Queue<W>>,
+    /// Groups being written at once (`lib.rs`, `group_writers`).
     writers: Arc<Semaphore>,
 }
 
-#[derive(Default)]
-struct Queue {
-    waiting: VecDeque<Pending>,
-    /// Messages with updates in a group being written. Their later updates wait for that group
-    /// to end (its writer takes them next), so two groups written at once never hold updates of
-    /// one message, and a message's updates are applied in the order they arrived.
+struct Queue<W: Work> {
+    waiting: VecDeque<Pending<W>>,
+    /// Keys of the writes in a group being written. Later writes with one of them wait for that
+    /// group to end (its writer takes them next), so two groups written at once never hold
+    /// updates of one message, and a message's updates are applied in the order they arrived.
     in_flight: HashSet<String>,
 }
 
-impl Updates {
-    pub(crate) fn new(writers: usize) -> Updates {
-        Updates { queue: Mutex::default(), writers: Arc::new(Semaphore::new(writers.max(1))) }
+impl<W: Work> Groups<W> {
+    pub(crate) fn new(writers: usize) -> Groups<W> {
+        Groups {
+            queue: Mutex::new(Queue { waiting: VecDeque::new(), in_flight: HashSet::new() }),
+            writers: Arc::new(Semaphore::new(writers.max(1))),
+        }
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue<W>> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, p: Pending) {
-        self.queue().waiting.push_back(p);
-    }
-
-    /// The next group: up to [`MAX_GROUP`] waiting updates in arrival order, passing over those
-    /// of messages in another writer's group. Its messages are in flight until its [`Flight`] is dropped.
-    fn take(&self) -> Vec<Pending> {
+    /// The next group: up to [`MAX_GROUP`] waiting writes in arrival order, passing over those
+    /// whose key is in another writer's group. Its keys are in flight until its [`Flight`] is dropped.
+    fn take(&self) -> Vec<Pending<W>> {
         let mut q = self.queue();
         let mut group = Vec::new();
         let mut passed = VecDeque::new();
         while let Some(p) = q.waiting.pop_front() {
-            if group.len() < MAX_GROUP && !q.in_flight.contains(&p.id) {
+            if group.len() < MAX_GROUP && !p.work.key().is_some_and(|k| q.in_flight.contains(k)) {
                 group.push(p);
             } else {
                 passed.push_back(p);
@@ -91,40 +190,42 @@ impl Updates {
         }
         q.waiting = passed;
         for p in &group {
-            q.in_flight.insert(p.id.clone());
+            if let Some(k) = p.work.key() {
+                q.in_flight.insert(k.to_string());
+            }
         }
         group
     }
 
-    /// Whether an update waits that a new writer could take now.
+    /// Whether a write waits that a new writer could take now.
     fn has_ready(&self) -> bool {
         let q = self.queue();
-        q.waiting.iter().any(|p| !q.in_flight.contains(&p.id))
+        q.waiting.iter().any(|p| !p.work.key().is_some_and(|k| q.in_flight.contains(k)))
     }
 }
 
-/// The messages of a group being written; no longer in flight once it is dropped (also when
-/// the writer's task panics, so their later updates are not held for ever).
-struct Flight<'a> {
-    updates: &'a Updates,
-    ids: Vec<String>,
+/// The keys of a group being written; no longer in flight once it is dropped (also when the
+/// writer's task panics, so their later writes are not held for ever).
+struct Flight<'a, W: Work> {
+    groups: &'a Groups<W>,
+    keys: Vec<String>,
 }
 
-impl Drop for Flight<'_> {
+impl<W: Work> Drop for Flight<'_, W> {
     fn drop(&mut self) {
-        let mut q = self.updates.queue();
-        for id in &self.ids {
-            q.in_flight.remove(id);
+        let mut q = self.groups.queue();
+        for k in &self.keys {
+            q.in_flight.remove(k);
         }
     }
 }
 
 impl Store {
-    /// Queues an update and waits for its outcome.
-    pub(crate) async fn update_grouped(&self, id: &str, editor: Editor, change: Change) -> Result<Message> {
+    /// Queues a write and waits for its outcome.
+    pub(crate) async fn grouped<W: Work>(&self, work: W) -> Result<W::Output> {
         let (reply, outcome) = oneshot::channel();
-        self.updates.push(Pending { id: id.to_string(), editor, change, reply });
-        self.start_writer();
+        W::groups(self).queue().waiting.push_back(Pending { work, reply });
+        self.start_writer::<W>();
         match outcome.await {
             Ok((outcome, statements)) => {
                 crate::counted::add(statements);
@@ -136,59 +237,44 @@ impl Store {
         }
     }
 
-    /// Starts a writer of queued updates when one is free. The writer runs as a task of its own,
-    /// so a request that stops waiting never cuts a group short.
-    fn start_writer(&self) {
-        let Ok(turn) = self.updates.writers.clone().try_acquire_owned() else { return };
+    /// Starts a writer of queued writes of kind `W` when one is free. The writer runs as a task
+    /// of its own, so a request that stops waiting never cuts a group short.
+    fn start_writer<W: Work>(&self) {
+        let Ok(turn) = W::groups(self).writers.clone().try_acquire_owned() else { return };
         let store = self.clone();
-        drop(tokio::spawn(async move { store.write_queued(turn).await }));
+        drop(tokio::spawn(async move { store.write_queued::<W>(turn).await }));
     }
 
-    async fn write_queued(self, turn: OwnedSemaphorePermit) {
+    async fn write_queued<W: Work>(self, turn: OwnedSemaphorePermit) {
+        let groups = W::groups(&self);
         loop {
-            let group = self.updates.take();
+            let group = groups.take();
             if group.is_empty() {
                 break;
             }
-            let _flight = Flight { updates: &self.updates, ids: group.iter().map(|p| p.id.clone()).collect() };
-            // A change that panics fails its group, not the writer: the group's transaction is
-            // rolled back, its updates are answered as with a lost connection, and the writer
-            // goes on with the queue (which would otherwise wait for the next update to arrive).
-            let written = AssertUnwindSafe(crate::count_statements(self.write_group(&group))).catch_unwind().await;
+            let _flight = Flight { groups, keys: group.iter().filter_map(|p| p.work.key().map(str::to_string)).collect() };
+            let (works, replies): (Vec<W>, Vec<_>) = group.into_iter().map(|p| (p.work, p.reply)).unzip();
+            // A write that panics fails its group, not the writer: the group's transaction is
+            // rolled back, its writes are answered as with a lost connection, and the writer
+            // goes on with the queue (which would otherwise wait for the next write to arrive).
+            let started = std::time::Instant::now();
+            let written = AssertUnwindSafe(crate::count_statements(write_group(&self, &works))).catch_unwind().await;
+            tracing::debug!(target: "offshoot_store::groups", writes = works.len(), micros = started.elapsed().as_micros() as u64, "group written");
             let Ok((outcomes, statements)) = written else {
-                tracing::error!(updates = group.len(), "writing a group of message updates panicked; its updates fail");
+                tracing::error!(writes = works.len(), "writing a group of message writes panicked; its writes fail");
                 continue;
             };
             let mut statements = Some(statements);
-            for (p, outcome) in group.into_iter().zip(outcomes) {
-                let _ = p.reply.send((outcome, statements.take().unwrap_or(0)));
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                let _ = reply.send((outcome, statements.take().unwrap_or(0)));
             }
         }
         drop(turn);
-        // An update queued after the last look but before the turn was given back found no
-        // free writer: it is written now. (One waiting for another writer's group is taken by
-        // that writer when its group ends.)
-        if self.updates.has_ready() {
-            self.start_writer();
-        }
-    }
-
-    /// The outcome of each update of `group`, in order.
-    async fn write_group(&self, group: &[Pending]) -> Vec<Result<Message>> {
-        if let [p] = group {
-            return vec![self.retrying("update_message", || self.update_message_once(&p.id, &p.editor, &*p.change)).await];
-        }
-        let items: Vec<(&str, &Editor, &Change)> = group.iter().map(|p| (p.id.as_str(), &p.editor, &p.change)).collect();
-        match self.retrying("update_messages", || self.update_messages_once(&items)).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                tracing::info!(error = %e, updates = group.len(), "a group of message updates failed; writing each alone");
-                let mut outcomes = Vec::with_capacity(group.len());
-                for p in group {
-                    outcomes.push(self.retrying("update_message", || self.update_message_once(&p.id, &p.editor, &*p.change)).await);
-                }
-                outcomes
-            }
+        // A write queued after the last look but before the turn was given back found no free
+        // writer: it is written now. (One waiting for another writer's group is taken by that
+        // writer when its group ends.)
+        if groups.has_ready() {
+            self.start_writer::<W>();
         }
     }
 }

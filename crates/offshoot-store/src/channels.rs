@@ -473,19 +473,57 @@ pub(crate) async fn lock_channel_row(tx: &mut Tx, condition: &str, key: &str) ->
 /// Locks the channels of the messages `ids` (those that exist) in one statement, in cid order:
 /// two transactions that lock several channels this way never wait for each other in a cycle.
 pub(crate) async fn lock_channels_of_messages(tx: &mut Tx, ids: &[String]) -> Result<Vec<Channel>> {
+    lock_channels_where(tx, &format!("c.cid IN (SELECT m.cid FROM message m WHERE m.id IN ({}))", placeholders(1, ids.len())), ids).await
+}
+
+/// Locks the channels `cids` (those that exist) in one statement, in cid order, and reads them
+/// with their fork summaries and creators (after the lock, [`channel_extras`]) and types.
+pub(crate) async fn lock_channels(tx: &mut Tx, cids: &[String]) -> Result<Vec<Channel>> {
+    let mut chs = lock_channels_where(tx, &format!("c.cid IN ({})", placeholders(1, cids.len())), cids).await?;
+    channel_extras(&mut tx.tx, &mut chs, None).await?;
+    let types = tx.cache.types(&mut tx.tx).await?;
+    for ch in &mut chs {
+        ch.config = types.get(&ch.kind).cloned();
+    }
+    Ok(chs)
+}
+
+/// Locks (PostgreSQL) and reads the channel rows matching `condition` (binding `keys` as `$1`…)
+/// in cid order, in one statement.
+async fn lock_channels_where(tx: &mut Tx, condition: &str, keys: &[String]) -> Result<Vec<Channel>> {
     let lock = match tx.backend {
         Backend::Postgres => " FOR UPDATE OF c",
         Backend::Sqlite => "",
     };
-    let sql = format!(
-        "SELECT {CHANNEL_COLS} FROM channel c WHERE c.cid IN (SELECT m.cid FROM message m WHERE m.id IN ({})) ORDER BY c.cid{lock}",
-        placeholders(1, ids.len())
-    );
+    let sql = format!("SELECT {CHANNEL_COLS} FROM channel c WHERE {condition} ORDER BY c.cid{lock}");
     let mut q = sqlx::query_as::<_, ChannelRow>(AssertSqlSafe(sql));
-    for id in ids {
-        q = q.bind(id.clone());
+    for key in keys {
+        q = q.bind(key.clone());
     }
     Ok(q.fetch_all(crate::counted(&mut *tx.tx)).await?.into_iter().map(Channel::from).collect())
+}
+
+/// Records new messages on their locked channels, one row per channel: `(cid, how many, the
+/// newest created_at)`, as [`BUMP_CHANNEL`] records one; the number of users watching each.
+pub(crate) async fn bump_channels(tx: &mut Tx, bumps: &[(String, i64, i64)], now: i64) -> Result<HashMap<String, i64>> {
+    if bumps.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let values: Vec<String> = (0..bumps.len()).map(|i| format!("({})", rows::many_placeholders(tx.backend, 1 + i * 3, 3))).collect();
+    // Now is the last parameter, also in the text (SQLite numbers anonymous `?` in order).
+    let now_param = rows::many_placeholders(tx.backend, 1 + bumps.len() * 3, 1);
+    let sql = format!(
+        "WITH v (cid, n, last_at) AS (VALUES {}) \
+         UPDATE channel SET last_message_at = CASE WHEN channel.last_message_at IS NULL OR channel.last_message_at < v.last_at THEN v.last_at ELSE channel.last_message_at END, \
+         message_count = channel.message_count + v.n, updated_at = {now_param} FROM v WHERE channel.cid = v.cid \
+         RETURNING channel.cid, (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count",
+        values.join(", ")
+    );
+    let mut q = sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(sql));
+    for (cid, n, last_at) in bumps {
+        q = q.bind(cid.clone()).bind(*n).bind(*last_at);
+    }
+    Ok(q.bind(now).fetch_all(crate::counted(&mut *tx.tx)).await?.into_iter().collect())
 }
 
 /// Records a new message on its channel (`last_message_at`, `message_count`, `updated_at`) and
@@ -719,7 +757,7 @@ pub(crate) async fn hydrate_channels(conn: &mut AnyConnection, cache: &ConfigCac
 /// statement sees the database as it was when it began, before any wait for the lock, so a
 /// fork summary read there could miss the backfill page that held the lock (the
 /// `UPDATE … RETURNING` of a send, `SELECT … FOR UPDATE`); read after the lock, it is current.
-async fn channel_extras(conn: &mut AnyConnection, channels: &mut [Channel], also: Option<&str>) -> Result<Option<User>> {
+pub(crate) async fn channel_extras(conn: &mut AnyConnection, channels: &mut [Channel], also: Option<&str>) -> Result<Option<User>> {
     type Extras = (String, Option<Nested<ForkSummary>>, Option<Nested<User>>, Option<Nested<User>>);
     let backend = rows::backend_of(conn);
     let mut found: HashMap<String, (Option<ForkSummary>, Option<User>)> = HashMap::new();

@@ -118,17 +118,40 @@ const OUTBOX_LOCK: i64 = 7_261_001;
 /// sequence's value read under it bounds every `seq` drawn so far. A later writer draws a
 /// higher one. The rows must be read by a *later* statement, whose snapshot sees those commits.
 /// `None` on SQLite, whose single writer commits in `seq` order.
+///
+/// The consumers of a process share the reads: a caller takes the result of a read that
+/// started after it asked (it covers every commit the caller could have been woken by), and
+/// otherwise starts one, one at a time. Both consumers of a process are woken by the same
+/// commits, and each read holds new writers back for a moment (BENCHMARKS.md, twelfth session).
 async fn outbox_horizon(store: &Store) -> Result<Option<i64>> {
     if store.backend() != Backend::Postgres {
         return Ok(None);
     }
+    let asked = std::time::Instant::now();
+    let _turn = store.horizon.reading.lock().await;
+    if let Some((horizon, started)) = *store.horizon.last.lock().unwrap_or_else(|e| e.into_inner()) {
+        if started >= asked {
+            return Ok(Some(horizon));
+        }
+    }
+    let started = std::time::Instant::now();
     let horizon: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH barrier AS MATERIALIZED (SELECT pg_advisory_xact_lock({OUTBOX_LOCK})::text AS taken) \
          SELECT COALESCE(pg_sequence_last_value('event_seq_seq'::regclass), 0) FROM barrier WHERE taken IS NOT NULL"
     )))
     .fetch_one(crate::counted(store.pool()))
     .await?;
+    *store.horizon.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((horizon, started));
     Ok(Some(horizon))
+}
+
+/// The outbox horizon reads of a process ([`outbox_horizon`]).
+#[derive(Default)]
+pub(crate) struct Horizon {
+    /// Held while a read runs.
+    reading: tokio::sync::Mutex<()>,
+    /// The last read's horizon and when it started.
+    last: std::sync::Mutex<Option<(i64, std::time::Instant)>>,
 }
 
 /// An outbox row. Its JSON is decoded leniently (see [`OutboxRow::decode`]), so it is read as text.

@@ -77,6 +77,7 @@ mod ops;
 mod presence;
 mod query;
 mod rows;
+mod sends;
 mod state;
 mod unread;
 mod users;
@@ -266,7 +267,11 @@ pub struct Store {
     /// App settings and channel types (`cache.rs`).
     cache: Arc<cache::ConfigCache>,
     /// Message updates waiting to be written together (`batch.rs`).
-    updates: Arc<batch::Updates>,
+    updates: Arc<batch::Groups<batch::QueuedUpdate>>,
+    /// New messages waiting to be written together (`batch.rs`).
+    sends: Arc<batch::Groups<batch::QueuedSend>>,
+    /// The outbox horizon reads this process's consumers share (`events.rs`).
+    horizon: Arc<events::Horizon>,
 }
 
 /// A write transaction. Events are collected while it runs and written to the outbox when it
@@ -321,6 +326,15 @@ impl Tx {
             store.announce.notify_one();
         }
         Ok(())
+    }
+}
+
+/// Groups of one kind written at once (`batch.rs`): one on SQLite (one writer anyway), two on
+/// PostgreSQL (one group's statements run while the other's commit waits for its disk flush).
+fn group_writers(backend: Backend) -> usize {
+    match backend {
+        Backend::Sqlite => 1,
+        Backend::Postgres => 2,
     }
 }
 
@@ -490,10 +504,9 @@ impl Store {
             origin,
             url: url.into(),
             cache: Arc::new(cache::ConfigCache::new(backend == Backend::Sqlite)),
-            updates: Arc::new(batch::Updates::new(match backend {
-                Backend::Sqlite => 1,
-                Backend::Postgres => 2,
-            })),
+            updates: Arc::new(batch::Groups::new(group_writers(backend))),
+            sends: Arc::new(batch::Groups::new(group_writers(backend))),
+            horizon: Arc::default(),
         })
     }
 

@@ -187,49 +187,22 @@ impl Store {
         Ok(Some((m, hidden, ch)))
     }
 
-    /// Sends a message. Checks, in the transaction: the id is free (and not reserved by a fork
-    /// still copying), the parent is a top-level message of the channel, the quote exists.
+    /// Sends a message. Checks, in the transaction: the channel exists and is not deleted, the
+    /// text fits its type's `max_message_length`, the id is free (and not reserved by a fork
+    /// still copying), the parent is a top-level message of the channel, the quote exists. Sends
+    /// that arrive while others are being written are written together (`batch.rs`).
     pub async fn send_message(&self, cid: &str, new: &NewMessage, author: &User) -> Result<Message> {
-        let (m, truncated_at) = self.retrying("send_message", || self.send_message_once(cid, new, author)).await?;
+        let (m, truncated_at) =
+            self.grouped(crate::batch::QueuedSend { cid: cid.to_string(), new: new.clone(), author: author.clone() }).await?;
         self.hydrated_new(m, truncated_at).await
     }
 
-    /// The send's transaction. What the channel lock serialises is kept to one statement per
-    /// step: the channel's update locks and reads it with its watcher count, the next statement
-    /// reads its fork summary, creator and the author, the message row's insert also checks
-    /// that its id is free, one update counts it unread for every member it is unread for, one
-    /// read gives every recipient's totals, and the events go to the outbox with its lock in one
-    /// statement.
-    async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
+    /// One send in a transaction of its own.
+    pub(crate) async fn send_message_once(&self, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
         let mut tx = self.begin().await?;
-        let now = time::now();
-        let created_at = new.created_at.unwrap_or(now);
-        let Some((ch, stored, watchers)) = lock_for_new_message(&mut tx, cid, created_at, now, &author.id).await? else {
-            return not_found(format!("channel {cid:?} does not exist"));
-        };
-        if ch.deleted_at.is_some() {
-            return not_found(format!("channel {cid:?} was deleted"));
-        }
-        let author = match stored {
-            Some(stored) => stored,
-            None => ensure_user(&mut tx, author).await?,
-        };
-        let m = write_new_message(&mut tx, &ch, new, &author, now).await?;
-        // Every member hears their counters with the message; members who do not watch the
-        // channel hear it as `notification.message_new` (with the channel), as Stream sends it.
-        let unread = crate::unread::counts_of_members(&mut tx.tx, cid).await?;
-        let mut ev = event_for("message.new", &ch, Some(author.clone()));
-        ev.message = Some(m.clone());
-        let mut note = ev.clone();
-        note.kind = "notification.message_new".into();
-        note.channel = Some(ch.clone());
-        // Counted here, from the watches of every ws process, not by the process that delivers.
-        ev.extra.insert("watcher_count".into(), watchers.into());
-        let members: Vec<String> = unread.keys().cloned().collect();
-        tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(cid) }).await?;
-        tx.event(note, Audience { users: members, except_watchers_of: Some(cid.to_string()), unread, ..Default::default() }).await?;
+        let sent = send_in(&mut tx, cid, new, author).await?;
         tx.commit(self).await?;
-        Ok((m, ch.truncated_at))
+        Ok(sent)
     }
 
     /// A message just sent, filled in as [`Store::hydrated`] does. A new message has no
@@ -269,7 +242,7 @@ impl Store {
     where
         F: Fn(&mut Message, &Channel) -> offshoot_core::error::Result<()> + Send + Sync + 'static,
     {
-        self.update_grouped(id, editor, std::sync::Arc::new(change)).await
+        self.grouped(crate::batch::QueuedUpdate { id: id.to_string(), editor, change: std::sync::Arc::new(change) }).await
     }
 
     /// One update in a transaction of its own.
@@ -298,9 +271,9 @@ impl Store {
     /// it left it and written, everything announced hydrated in one pass. An update whose
     /// message is missing or whose change refuses gets its error and writes nothing; an error of
     /// the database fails the whole transaction.
-    pub(crate) async fn update_messages_once(&self, items: &[(&str, &Editor, &crate::batch::Change)]) -> Result<Vec<Result<Message>>> {
+    pub(crate) async fn update_messages_once(&self, items: &[crate::batch::QueuedUpdate]) -> Result<Vec<Result<Message>>> {
         let mut tx = self.begin().await?;
-        let mut ids: Vec<String> = items.iter().map(|(id, _, _)| id.to_string()).collect();
+        let mut ids: Vec<String> = items.iter().map(|u| u.id.clone()).collect();
         ids.sort();
         ids.dedup();
         let types = self.cache.types(&mut tx.tx).await?;
@@ -321,13 +294,13 @@ impl Store {
         // Messages changed but not written yet: their rows are written together, before any
         // update that moves a message's visibility (it recounts from the rows) and at the end.
         let mut unwritten: Vec<String> = Vec::new();
-        for (id, _, change) in items {
-            let Some(before) = current.get(*id) else {
+        for crate::batch::QueuedUpdate { id, change, .. } in items {
+            let Some(before) = current.get(id) else {
                 outcomes.push(not_found(format!("message with id {id:?} does not exist")));
                 continue;
             };
             let ch = &channels[&before.cid];
-            let m = match changed(before, ch, &***change) {
+            let m = match changed(before, ch, &**change) {
                 Ok(m) => m,
                 Err(e) => {
                     outcomes.push(Err(e));
@@ -347,7 +320,7 @@ impl Store {
         }
         write_rows(&mut tx, &unwritten.iter().map(|u| &current[u]).collect::<Vec<_>>()).await?;
         hydrate_messages_of(&mut tx.tx, &mut written, &Viewer::Server, &|cid| channels.get(cid).and_then(|c| c.truncated_at)).await?;
-        let done = || items.iter().zip(&outcomes).filter_map(|((_, editor, _), o)| o.as_ref().ok().map(|i| (*editor, &written[*i])));
+        let done = || items.iter().zip(&outcomes).filter_map(|(u, o)| o.as_ref().ok().map(|i| (&u.editor, &written[*i])));
         let named = named_editors(&mut tx.tx, done()).await?;
         for (editor, m) in done() {
             let mut ev = event_for("message.updated", &channels[&m.cid], Some(editor.user(m, &named)));
@@ -955,7 +928,7 @@ async fn write_rows(tx: &mut Tx, msgs: &[&Message]) -> Result<()> {
 }
 
 /// Messages by id (those that exist), each with whether a rewind hid it.
-async fn load_messages(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<(Message, bool)>> {
+pub(crate) async fn load_messages(conn: &mut AnyConnection, ids: &[String]) -> Result<Vec<(Message, bool)>> {
     let mut out = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(500) {
         let sql = format!("SELECT {MESSAGE_COLS} FROM message m WHERE m.id IN ({})", placeholders(1, chunk.len()));
@@ -974,6 +947,42 @@ pub(crate) async fn newest_visible_top_level(conn: &mut AnyConnection, ch: &Chan
         .bind(ch.truncated_at.unwrap_or(i64::MIN))
         .fetch_optional(crate::counted(&mut *conn))
         .await?)
+}
+
+/// A send, in `tx`. What the channel lock serialises is kept to one statement per
+/// step: the channel's update locks and reads it with its watcher count, the next statement
+/// reads its fork summary, creator and the author, the message row's insert also checks
+/// that its id is free, one update counts it unread for every member it is unread for, one
+/// read gives every recipient's totals, and the events go to the outbox with its lock in one
+/// statement.
+async fn send_in(tx: &mut Tx, cid: &str, new: &NewMessage, author: &User) -> Result<(Message, Option<i64>)> {
+    let now = time::now();
+    let created_at = new.created_at.unwrap_or(now);
+    let Some((ch, stored, watchers)) = lock_for_new_message(tx, cid, created_at, now, &author.id).await? else {
+        return not_found(format!("channel {cid:?} does not exist"));
+    };
+    if ch.deleted_at.is_some() {
+        return not_found(format!("channel {cid:?} was deleted"));
+    }
+    let author = match stored {
+        Some(stored) => stored,
+        None => ensure_user(tx, author).await?,
+    };
+    let m = write_new_message(tx, &ch, new, &author, now).await?;
+    // Every member hears their counters with the message; members who do not watch the
+    // channel hear it as `notification.message_new` (with the channel), as Stream sends it.
+    let unread = crate::unread::counts_of_members(&mut tx.tx, cid).await?;
+    let mut ev = event_for("message.new", &ch, Some(author.clone()));
+    ev.message = Some(m.clone());
+    let mut note = ev.clone();
+    note.kind = "notification.message_new".into();
+    note.channel = Some(ch.clone());
+    // Counted here, from the watches of every ws process, not by the process that delivers.
+    ev.extra.insert("watcher_count".into(), watchers.into());
+    let members: Vec<String> = unread.keys().cloned().collect();
+    tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(cid) }).await?;
+    tx.event(note, Audience { users: members, except_watchers_of: Some(cid.to_string()), unread, ..Default::default() }).await?;
+    Ok((m, ch.truncated_at))
 }
 
 /// Creates the user on first sight (server-side calls may name users they never upserted).
@@ -1026,39 +1035,82 @@ pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessa
 /// Checks and writes a new message of `ch` (locked) with its unread counts and its parent's
 /// reply count; the caller records it on the channel row ([`BUMP_CHANNEL`]).
 async fn write_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User, now: i64) -> Result<Message> {
+    ch.check_text(&new.text)?;
     let id = if new.id.is_empty() { ids::new_id() } else { new.id.clone() };
+    check_reserved(ch, &id)?;
+    let parent = match &new.parent_id {
+        Some(pid) => load_message(&mut tx.tx, pid).await?,
+        None => None,
+    };
+    check_parent(ch, new, parent.as_ref())?;
+    let quoted = match &new.quoted_message_id {
+        Some(qid) => load_message(&mut tx.tx, qid).await?,
+        None => None,
+    };
+    check_quote(ch, new, quoted.as_ref())?;
+    let m = new_row(ch, new, author, id, now);
+    // The insert is the check that the id is free: no read of the id first.
+    if !insert_message_rows_with(tx, std::slice::from_ref(&m), " ON CONFLICT (id) DO NOTHING").await? {
+        return domain(id_taken(&m.id));
+    }
+    crate::unread::count_new_message(tx, &m, ch.truncated_at).await?;
+    if let Some(pid) = &m.parent_id {
+        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1")
+            .bind(pid.clone())
+            .execute(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    Ok(m)
+}
+
+/// A new message's id may not take the form of a fork's copy ids while that fork is copying.
+pub(crate) fn check_reserved(ch: &Channel, id: &str) -> Result<()> {
     if let Some(f) = &ch.fork {
-        if f.status == ForkStatus::Backfilling && ids::is_v5_uuid(&id) {
+        if f.status == ForkStatus::Backfilling && ids::is_v5_uuid(id) {
             return domain(
                 Error::new(ErrorKind::ForkMessageIdReserved, format!("message id {id:?} is a version 5 UUID, the form of the copy ids of fork {:?} which is still copying; use another id form or send it after channel.forked", ch.cid)),
             );
         }
     }
-    let mut kind = new.kind.clone();
-    if let Some(pid) = &new.parent_id {
-        match load_message(&mut tx.tx, pid).await? {
-            Some((p, false)) if p.cid == ch.cid => {
-                if p.parent_id.is_some() {
-                    return domain(Error::new(
-                        ErrorKind::MultipleNesting,
-                        format!("message {pid:?} is a reply; replies to replies are not allowed"),
-                    ));
-                }
+    Ok(())
+}
+
+/// A reply's parent (`parent`, as stored, hidden or not) is a top-level message of `ch`.
+pub(crate) fn check_parent(ch: &Channel, new: &NewMessage, parent: Option<&(Message, bool)>) -> Result<()> {
+    let Some(pid) = &new.parent_id else { return Ok(()) };
+    match parent {
+        Some((p, false)) if p.cid == ch.cid => {
+            if p.parent_id.is_some() {
+                return domain(Error::new(
+                    ErrorKind::MultipleNesting,
+                    format!("message {pid:?} is a reply; replies to replies are not allowed"),
+                ));
             }
-            _ => return domain(Error::input(format!("parent message {pid:?} does not exist in channel {:?}", ch.cid))),
+            Ok(())
         }
-        if kind == "regular" {
-            kind = "reply".into();
-        }
+        _ => domain(Error::input(format!("parent message {pid:?} does not exist in channel {:?}", ch.cid))),
     }
-    if let Some(qid) = &new.quoted_message_id {
-        match load_message(&mut tx.tx, qid).await? {
-            Some((q, false)) if q.cid == ch.cid => {}
-            _ => return domain(Error::input(format!("quoted message {qid:?} does not exist in channel {:?}", ch.cid))),
-        }
+}
+
+/// A quoted message (`quoted`, as stored) is a visible message of `ch`.
+pub(crate) fn check_quote(ch: &Channel, new: &NewMessage, quoted: Option<&(Message, bool)>) -> Result<()> {
+    let Some(qid) = &new.quoted_message_id else { return Ok(()) };
+    match quoted {
+        Some((q, false)) if q.cid == ch.cid => Ok(()),
+        _ => domain(Error::input(format!("quoted message {qid:?} does not exist in channel {:?}", ch.cid))),
     }
+}
+
+/// The refusal of a new message whose id is taken.
+pub(crate) fn id_taken(id: &str) -> Error {
+    Error::input(format!("a message with id {id:?} already exists"))
+}
+
+/// The row of a new message `id` of `ch` by `author`, checked already.
+pub(crate) fn new_row(ch: &Channel, new: &NewMessage, author: &User, id: String, now: i64) -> Message {
+    let kind = if new.parent_id.is_some() && new.kind == "regular" { "reply".to_string() } else { new.kind.clone() };
     let created_at = new.created_at.unwrap_or(now);
-    let m = Message {
+    Message {
         id,
         cid: ch.cid.clone(),
         user_id: author.id.clone(),
@@ -1085,19 +1137,7 @@ async fn write_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: 
         created_at,
         updated_at: created_at.max(now),
         ..Default::default()
-    };
-    // The insert is the check that the id is free: no read of the id first.
-    if !insert_message_rows_with(tx, std::slice::from_ref(&m), " ON CONFLICT (id) DO NOTHING").await? {
-        return domain(Error::input(format!("a message with id {:?} already exists", m.id)));
     }
-    crate::unread::count_new_message(tx, &m, ch.truncated_at).await?;
-    if let Some(pid) = &m.parent_id {
-        sqlx::query("UPDATE message SET reply_count = reply_count + 1 WHERE id = $1")
-            .bind(pid.clone())
-            .execute(crate::counted(&mut *tx.tx))
-            .await?;
-    }
-    Ok(m)
 }
 
 const MESSAGE_INSERT_COLS: &str = "id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, pinned_at, pinned_by_id, pin_expires, reply_count, deleted_reply_count, created_at, updated_at, deleted_at, message_text_updated_at, source_cid, source_message_id";
@@ -1109,50 +1149,70 @@ const MESSAGE_INSERT_N: usize = 30;
 async fn insert_message_rows_with(tx: &mut Tx, msgs: &[Message], conflict: &str) -> Result<bool> {
     let mut written = 0;
     for chunk in msgs.chunks(100) {
-        let row = |i: usize| format!("({})", rows::many_placeholders(tx.backend, i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N));
-        let rows: Vec<String> = (0..chunk.len()).map(row).collect();
-        let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}{conflict}", rows.join(", "));
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for m in chunk {
-            q = q
-                .bind(m.id.clone())
-                .bind(m.cid.clone())
-                .bind(m.user_id.clone())
-                .bind(m.kind.clone())
-                .bind(m.text.clone())
-                .bind(m.html.clone())
-                .bind(m.mml.clone())
-                .bind(m.command.clone())
-                .bind(m.parent_id.clone())
-                .bind(m.show_in_channel)
-                .bind(m.quoted_message_id.clone())
-                .bind(serde_json::to_string(&m.attachments)?)
-                .bind(serde_json::to_string(&m.mentioned_users)?)
-                .bind(serde_json::to_string(&m.restricted_visibility)?)
-                .bind(m.silent)
-                .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
-                .bind(serde_json::to_string(&m.custom)?)
-                .bind(m.shadowed)
-                .bind(m.pinned)
-                .bind(m.pinned_at)
-                .bind(m.pinned_by_id.clone())
-                .bind(m.pin_expires)
-                .bind(m.reply_count)
-                .bind(m.deleted_reply_count)
-                .bind(m.created_at)
-                .bind(m.updated_at)
-                .bind(m.deleted_at)
-                .bind(m.message_text_updated_at)
-                .bind(m.source_cid.clone())
-                .bind(m.source_message_id.clone());
-        }
-        written += q.execute(crate::counted(&mut *tx.tx)).await?.rows_affected();
+        written += insert_query(tx.backend, chunk, conflict)?.execute(crate::counted(&mut *tx.tx)).await?.rows_affected();
     }
     if written < msgs.len() as u64 {
         return Ok(false);
     }
     insert_restricted(tx.backend, &mut tx.tx, msgs).await?;
     Ok(true)
+}
+
+/// Inserts new messages whose ids may be taken, each row only where its id is free: the ids
+/// written (and their restricted-visibility rows).
+pub(crate) async fn insert_new_rows(tx: &mut Tx, msgs: &[Message]) -> Result<HashSet<String>> {
+    let mut written = HashSet::new();
+    for chunk in msgs.chunks(100) {
+        let q = insert_query(tx.backend, chunk, " ON CONFLICT (id) DO NOTHING RETURNING id")?;
+        for row in q.fetch_all(crate::counted(&mut *tx.tx)).await? {
+            written.insert(sqlx::Row::try_get::<String, _>(&row, 0)?);
+        }
+    }
+    let kept: Vec<Message> = msgs.iter().filter(|m| written.contains(&m.id) && !m.restricted_visibility.is_empty()).cloned().collect();
+    insert_restricted(tx.backend, &mut tx.tx, &kept).await?;
+    Ok(written)
+}
+
+/// The insert of `chunk` (at most 100 rows), with `tail` after its `VALUES`.
+fn insert_query(backend: Backend, chunk: &[Message], tail: &str) -> Result<sqlx::query::Query<'static, sqlx::Any, AnyArguments>> {
+    let row = |i: usize| format!("({})", rows::many_placeholders(backend, i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N));
+    let rows: Vec<String> = (0..chunk.len()).map(row).collect();
+    let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}{tail}", rows.join(", "));
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for m in chunk {
+        q = q
+            .bind(m.id.clone())
+            .bind(m.cid.clone())
+            .bind(m.user_id.clone())
+            .bind(m.kind.clone())
+            .bind(m.text.clone())
+            .bind(m.html.clone())
+            .bind(m.mml.clone())
+            .bind(m.command.clone())
+            .bind(m.parent_id.clone())
+            .bind(m.show_in_channel)
+            .bind(m.quoted_message_id.clone())
+            .bind(serde_json::to_string(&m.attachments)?)
+            .bind(serde_json::to_string(&m.mentioned_users)?)
+            .bind(serde_json::to_string(&m.restricted_visibility)?)
+            .bind(m.silent)
+            .bind(m.i18n.as_ref().map(serde_json::to_string).transpose()?)
+            .bind(serde_json::to_string(&m.custom)?)
+            .bind(m.shadowed)
+            .bind(m.pinned)
+            .bind(m.pinned_at)
+            .bind(m.pinned_by_id.clone())
+            .bind(m.pin_expires)
+            .bind(m.reply_count)
+            .bind(m.deleted_reply_count)
+            .bind(m.created_at)
+            .bind(m.updated_at)
+            .bind(m.deleted_at)
+            .bind(m.message_text_updated_at)
+            .bind(m.source_cid.clone())
+            .bind(m.source_message_id.clone());
+    }
+    Ok(q)
 }
 
 /// The (message, user) rows of restricted visibility, the exact form every read matches on.

@@ -19,7 +19,7 @@ use crate::rows;
 use crate::{counted, Result, Tx};
 use offshoot_core::model::Message;
 use sqlx::{AnyConnection, AssertSqlSafe};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 pub use offshoot_core::model::UnreadCounts;
 
@@ -39,6 +39,39 @@ pub(crate) async fn count_new_message(tx: &mut Tx, m: &Message, truncated_at: Op
         return Ok(());
     }
     add_for_readers(tx, m, 1).await
+}
+
+/// [`count_new_message`] for several new messages (their channels locked): the messages of
+/// restricted visibility one statement each, every other in one statement for all.
+pub(crate) async fn count_new_messages(tx: &mut Tx, msgs: &[&Message], truncated_at: impl Fn(&str) -> Option<i64>) -> Result<()> {
+    let mut plain = Vec::new();
+    for m in msgs.iter().filter(|m| counts(m, truncated_at(&m.cid))) {
+        if m.restricted_visibility.is_empty() {
+            plain.push(*m);
+        } else {
+            add_for_readers(tx, m, 1).await?;
+        }
+    }
+    if plain.is_empty() {
+        return Ok(());
+    }
+    let values: Vec<String> = (0..plain.len()).map(|i| format!("({})", rows::many_placeholders(tx.backend, 1 + i * 3, 3))).collect();
+    // The member side of the rule, as in `add_for_readers`, counted for each member over the
+    // new messages of their channel.
+    let sql = format!(
+        "WITH v (cid, user_id, created_at) AS (VALUES {}), \
+         d (cid, user_id, n) AS (SELECT mb.cid, mb.user_id, COUNT(*) FROM member mb JOIN v ON v.cid = mb.cid AND v.user_id <> mb.user_id \
+           WHERE v.created_at > COALESCE((SELECT r.last_read FROM channel_read r WHERE r.cid = mb.cid AND r.user_id = mb.user_id), mb.created_at) \
+           GROUP BY mb.cid, mb.user_id) \
+         UPDATE member SET unread_count = unread_count + d.n FROM d WHERE member.cid = d.cid AND member.user_id = d.user_id",
+        values.join(", ")
+    );
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for m in plain {
+        q = q.bind(m.cid.clone()).bind(m.user_id.clone()).bind(m.created_at);
+    }
+    q.execute(counted(&mut *tx.tx)).await?;
+    Ok(())
 }
 
 /// Takes one from the counter of every member the message `m` counts for (as [`recount`] would
@@ -162,6 +195,35 @@ pub(crate) async fn counts_of_members(conn: &mut AnyConnection, cid: &str) -> Re
             .fetch_all(counted(&mut *conn))
             .await?;
     Ok(rows.into_iter().map(Totals::pair).collect())
+}
+
+/// [`counts_of_members`] for several channels in one statement: by channel, by member.
+pub(crate) async fn counts_of_members_of(
+    conn: &mut AnyConnection,
+    cids: &[String],
+) -> Result<HashMap<String, BTreeMap<String, UnreadCounts>>> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        cid: String,
+        #[sqlx(flatten)]
+        totals: Totals,
+    }
+    let list = rows::placeholders(1, cids.len());
+    let sql = format!(
+        "SELECT x.cid AS cid, t.user_id AS user_id, t.total AS total, t.channels AS channels FROM member x \
+         JOIN ({TOTALS} mb.user_id IN (SELECT user_id FROM member WHERE cid IN ({list})) GROUP BY mb.user_id) t ON t.user_id = x.user_id \
+         WHERE x.cid IN ({list})"
+    );
+    let mut q = sqlx::query_as::<_, Row>(AssertSqlSafe(sql));
+    for cid in cids {
+        q = q.bind(cid.clone());
+    }
+    let mut out: HashMap<String, BTreeMap<String, UnreadCounts>> = HashMap::new();
+    for row in q.fetch_all(counted(&mut *conn)).await? {
+        let (user, counts) = row.totals.pair();
+        out.entry(row.cid).or_default().insert(user, counts);
+    }
+    Ok(out)
 }
 
 /// The counters of each of `users` (those with no channel have none: zero).
