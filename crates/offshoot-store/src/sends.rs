@@ -44,6 +44,9 @@ impl Store {
                 seen.insert(ids[*i].as_str()) && !names_group
             })
             .collect();
+        if live.is_empty() {
+            return Ok(outcomes);
+        }
         let mut tx = self.begin().await?;
         let cids = sorted(live.iter().map(|i| items[*i].cid.clone()));
         let channels: HashMap<String, Channel> = lock_channels(&mut tx, &cids).await?.into_iter().map(|c| (c.cid.clone(), c)).collect();

@@ -1160,6 +1160,32 @@ async fn sends_that_arrive_together_are_written_together_each_with_its_own_outco
     .await;
 }
 
+/// Sends of one group that name each other (each a reply to the other) are left out of the group
+/// and written alone after it (`sends.rs`): neither exists when the other is checked, so both are
+/// refused and nothing of them is written, while the plain sends around them are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_of_one_group_that_name_each_other_are_refused_and_the_others_kept() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "sgrp-cycle", &["amy"]).await;
+        let mut plan: Vec<NewMessage> = (0..6).map(|k| msg(&format!("sgrp-cycle-{k}"), "plain")).collect();
+        plan[2].parent_id = Some("sgrp-cycle-3".into());
+        plan[3].parent_id = Some("sgrp-cycle-2".into());
+        let amy = user("amy");
+        let outcomes = futures_util::future::join_all(plan.iter().map(|new| s.send_message(&ch.cid, new, &amy))).await;
+        for (k, outcome) in outcomes.into_iter().enumerate() {
+            if k == 2 || k == 3 {
+                assert_kind(outcome, ErrorKind::Input);
+                assert!(s.get_message(&format!("sgrp-cycle-{k}"), &Viewer::Server).await.expect("read").is_none(), "{k} not written");
+            } else {
+                outcome.unwrap_or_else(|e| panic!("send {k}: {e:?}"));
+            }
+        }
+        assert_eq!(s.get_channel(&ch.cid).await.expect("read").expect("exists").message_count, 4);
+    })
+    .await;
+}
+
 /// Two processes (stores) send at once to the same four channels, one walking them forwards
 /// and the other backwards: a group takes its channels' locks in cid order (the crate's lock
 /// order), so no two groups wait for each other in a cycle, and every send is stored and
