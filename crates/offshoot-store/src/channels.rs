@@ -509,15 +509,14 @@ pub(crate) async fn bump_channels(tx: &mut Tx, bumps: &[(String, i64, i64)], now
     if bumps.is_empty() {
         return Ok(HashMap::new());
     }
-    let values: Vec<String> = (0..bumps.len()).map(|i| format!("({})", rows::many_placeholders(tx.backend, 1 + i * 3, 3))).collect();
+    let values = rows::value_rows(tx.backend, 1, bumps.len(), 3);
     // Now is the last parameter, also in the text (SQLite numbers anonymous `?` in order).
     let now_param = rows::many_placeholders(tx.backend, 1 + bumps.len() * 3, 1);
     let sql = format!(
-        "WITH v (cid, n, last_at) AS (VALUES {}) \
+        "WITH v (cid, n, last_at) AS (VALUES {values}) \
          UPDATE channel SET last_message_at = CASE WHEN channel.last_message_at IS NULL OR channel.last_message_at < v.last_at THEN v.last_at ELSE channel.last_message_at END, \
          message_count = channel.message_count + v.n, updated_at = {now_param} FROM v WHERE channel.cid = v.cid \
-         RETURNING channel.cid, (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count",
-        values.join(", ")
+         RETURNING channel.cid, (SELECT COUNT(DISTINCT w.user_id) FROM ws_watch w WHERE w.cid = channel.cid) AS watcher_count"
     );
     let mut q = sqlx::query_as::<_, (String, i64)>(AssertSqlSafe(sql));
     for (cid, n, last_at) in bumps {

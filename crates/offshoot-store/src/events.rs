@@ -39,18 +39,16 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
     }
     // 5 parameters a row; a statement stays far below either engine's parameter limit.
     for (i, chunk) in rows.chunks(500).enumerate() {
-        let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", crate::rows::many_placeholders(backend, i * 5 + 1, 5))).collect();
+        let values = crate::rows::value_rows(backend, 1, chunk.len(), 5);
         let sql = match backend {
             // The lock is taken by the statement's first row: every row, and so every `seq`
             // drawn for one, comes after it. No NOTIFY here: see [`announce`].
             Backend::Postgres if i == 0 => format!(
                 "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({OUTBOX_LOCK})) \
                  INSERT INTO event (type, cid, payload, audience, created_at) \
-                 SELECT v.* FROM outbox_lock, (VALUES {}) AS v (type, cid, payload, audience, created_at)",
-                values.join(", ")
+                 SELECT v.* FROM outbox_lock, (VALUES {values}) AS v (type, cid, payload, audience, created_at)"
             ),
-            _ => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {}", values.join(", ")),
+            _ => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {values}"),
         };
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
         for (kind, cid, payload, audience, created_at) in chunk {

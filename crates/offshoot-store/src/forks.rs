@@ -250,7 +250,7 @@ async fn insert_copies(
 ) -> Result<()> {
     let attachments = if exclude_attachments { "'[]'" } else { "m.attachments" };
     for chunk in copies.chunks(COPY_CHUNK) {
-        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", rows::many_placeholders(backend, 2 + i * 4, 4))).collect();
+        let values = rows::value_rows(backend, 2, chunk.len(), 4);
         let sql = format!(
             "INSERT INTO message (id, cid, user_id, type, text, html, mml, command, parent_id, show_in_channel, quoted_message_id, \
              attachments, mentioned_users, restricted_visibility, silent, i18n, custom, shadowed, pinned, reply_count, \
@@ -260,7 +260,6 @@ async fn insert_copies(
              0, m.created_at, m.updated_at, m.message_text_updated_at, m.cid, m.id \
              FROM (VALUES {values}) AS v JOIN message m ON m.id = v.column1",
             p1 = rows::many_placeholders(backend, 1, 1),
-            values = values.join(", "),
         );
         let mut q = sqlx::query(AssertSqlSafe(sql)).bind(fork_cid.to_string());
         for (src, copy, parent, quoted) in chunk {
@@ -307,11 +306,10 @@ async fn copy_messages(
     if plan.restricted {
         // Restricted visibility rows of the copies.
         for chunk in plan.copies.chunks(COPY_CHUNK) {
-            let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", rows::many_placeholders(backend, 1 + i * 2, 2))).collect();
+            let values = rows::value_rows(backend, 1, chunk.len(), 2);
             let sql = format!(
                 "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) \
-                 SELECT v.column2, r.user_id, r.created_at, r.updated_at FROM (VALUES {}) AS v JOIN message_restricted r ON r.message_id = v.column1",
-                values.join(", ")
+                 SELECT v.column2, r.user_id, r.created_at, r.updated_at FROM (VALUES {values}) AS v JOIN message_restricted r ON r.message_id = v.column1"
             );
             let mut q = sqlx::query(AssertSqlSafe(sql));
             for (src, copy, _, _) in chunk {

@@ -889,13 +889,11 @@ async fn write_rows(tx: &mut Tx, msgs: &[&Message]) -> Result<()> {
         let sql = match chunk {
             [_] => ONE_ROW.clone(),
             _ => {
-                let rows: Vec<String> =
-                    (0..chunk.len()).map(|r| format!("({})", rows::many_placeholders(tx.backend, r * n + 1, n))).collect();
+                let values = rows::value_rows(tx.backend, 1, chunk.len(), n);
                 let set: Vec<String> = UPDATED_COLS[1..].iter().map(|c| format!("{c} = v.{c}")).collect();
                 format!(
-                    "WITH v ({}) AS (VALUES {}) UPDATE message SET {} FROM v WHERE message.id = v.id",
+                    "WITH v ({}) AS (VALUES {values}) UPDATE message SET {} FROM v WHERE message.id = v.id",
                     UPDATED_COLS.join(", "),
-                    rows.join(", "),
                     set.join(", ")
                 )
             }
@@ -1175,9 +1173,8 @@ pub(crate) async fn insert_new_rows(tx: &mut Tx, msgs: &[Message]) -> Result<Has
 
 /// The insert of `chunk` (at most 100 rows), with `tail` after its `VALUES`.
 fn insert_query(backend: Backend, chunk: &[Message], tail: &str) -> Result<sqlx::query::Query<'static, sqlx::Any, AnyArguments>> {
-    let row = |i: usize| format!("({})", rows::many_placeholders(backend, i * MESSAGE_INSERT_N + 1, MESSAGE_INSERT_N));
-    let rows: Vec<String> = (0..chunk.len()).map(row).collect();
-    let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {}{tail}", rows.join(", "));
+    let values = rows::value_rows(backend, 1, chunk.len(), MESSAGE_INSERT_N);
+    let sql = format!("INSERT INTO message ({MESSAGE_INSERT_COLS}) VALUES {values}{tail}");
     let mut q = sqlx::query(AssertSqlSafe(sql));
     for m in chunk {
         q = q
@@ -1220,11 +1217,9 @@ pub(crate) async fn insert_restricted(backend: crate::Backend, conn: &mut AnyCon
     let pairs: Vec<(&str, &str, i64)> =
         msgs.iter().flat_map(|m| m.restricted_visibility.iter().map(move |u| (m.id.as_str(), u.as_str(), m.created_at))).collect();
     for chunk in pairs.chunks(300) {
-        let rows: Vec<String> = (0..chunk.len()).map(|i| format!("({})", rows::many_placeholders(backend, i * 4 + 1, 4))).collect();
-        let sql = format!(
-            "INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) VALUES {} ON CONFLICT DO NOTHING",
-            rows.join(", ")
-        );
+        let values = rows::value_rows(backend, 1, chunk.len(), 4);
+        let sql =
+            format!("INSERT INTO message_restricted (message_id, user_id, created_at, updated_at) VALUES {values} ON CONFLICT DO NOTHING");
         let mut q = sqlx::query(AssertSqlSafe(sql));
         for (mid, uid, at) in chunk {
             q = q.bind(mid.to_string()).bind(uid.to_string()).bind(*at).bind(*at);

@@ -548,3 +548,22 @@ pub(crate) fn many_placeholders(backend: crate::Backend, first: usize, n: usize)
         crate::Backend::Postgres => placeholders(first, n),
     }
 }
+
+/// The rows of a `VALUES` list: `rows` rows of `width` parameters each, numbered from `first`
+/// in order (row by row), as [`many_placeholders`] writes them: `(…), (…), …`.
+pub(crate) fn value_rows(backend: crate::Backend, first: usize, rows: usize, width: usize) -> String {
+    (0..rows).map(|i| format!("({})", many_placeholders(backend, first + i * width, width))).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    #[test]
+    fn value_rows_number_the_parameters_row_by_row_from_the_first() {
+        assert_eq!(value_rows(Backend::Postgres, 2, 3, 2), "($2, $3), ($4, $5), ($6, $7)");
+        assert_eq!(value_rows(Backend::Sqlite, 2, 2, 3), "(?, ?, ?), (?, ?, ?)");
+        assert_eq!(value_rows(Backend::Postgres, 1, 0, 4), "");
+    }
+}

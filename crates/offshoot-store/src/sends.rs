@@ -160,10 +160,9 @@ async fn count_replies(tx: &mut crate::Tx, msgs: &[&Message]) -> Result<()> {
     if parents.is_empty() {
         return Ok(());
     }
-    let values: Vec<String> = (0..parents.len()).map(|i| format!("({})", rows::many_placeholders(tx.backend, 1 + i * 2, 2))).collect();
+    let values = rows::value_rows(tx.backend, 1, parents.len(), 2);
     let sql = format!(
-        "WITH v (id, n) AS (VALUES {}) UPDATE message SET reply_count = message.reply_count + v.n FROM v WHERE message.id = v.id",
-        values.join(", ")
+        "WITH v (id, n) AS (VALUES {values}) UPDATE message SET reply_count = message.reply_count + v.n FROM v WHERE message.id = v.id"
     );
     let mut q = sqlx::query(AssertSqlSafe(sql));
     for (pid, n) in parents {

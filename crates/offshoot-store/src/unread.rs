@@ -55,16 +55,15 @@ pub(crate) async fn count_new_messages(tx: &mut Tx, msgs: &[&Message], truncated
     if plain.is_empty() {
         return Ok(());
     }
-    let values: Vec<String> = (0..plain.len()).map(|i| format!("({})", rows::many_placeholders(tx.backend, 1 + i * 3, 3))).collect();
+    let values = rows::value_rows(tx.backend, 1, plain.len(), 3);
     // The member side of the rule, as in `add_for_readers`, counted for each member over the
     // new messages of their channel.
     let sql = format!(
-        "WITH v (cid, user_id, created_at) AS (VALUES {}), \
+        "WITH v (cid, user_id, created_at) AS (VALUES {values}), \
          d (cid, user_id, n) AS (SELECT mb.cid, mb.user_id, COUNT(*) FROM member mb JOIN v ON v.cid = mb.cid AND v.user_id <> mb.user_id \
            WHERE v.created_at > COALESCE((SELECT r.last_read FROM channel_read r WHERE r.cid = mb.cid AND r.user_id = mb.user_id), mb.created_at) \
            GROUP BY mb.cid, mb.user_id) \
-         UPDATE member SET unread_count = unread_count + d.n FROM d WHERE member.cid = d.cid AND member.user_id = d.user_id",
-        values.join(", ")
+         UPDATE member SET unread_count = unread_count + d.n FROM d WHERE member.cid = d.cid AND member.user_id = d.user_id"
     );
     let mut q = sqlx::query(AssertSqlSafe(sql));
     for m in plain {
