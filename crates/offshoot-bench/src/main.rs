@@ -819,6 +819,8 @@ fn main() -> Result<()> {
         argv.next();
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+            // Stdout is the benchmark's line to the child (its address); the log goes to stderr.
+            .with_writer(std::io::stderr)
             .init();
         return runtime.block_on(server::serve_child(argv));
     }

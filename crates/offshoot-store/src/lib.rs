@@ -392,31 +392,73 @@ const RESTART_FRAMES: i64 = 10_000;
 /// benchmark's seeding); every page read then searches more of the WAL's index, and the send
 /// ceiling halved after a run of heavy writes (BENCHMARKS.md, ninth session). Past
 /// [`RESTART_FRAMES`] the next round takes the write lock as a background page does (waiting
-/// requests go first), so no writer of this process adds frames, and restarts the WAL
-/// (`RESTART` waits in the busy handler for readers still on the old frames).
-async fn checkpoint(pool: AnyPool, lock: Arc<writer::WriteLock>) {
+/// requests go first), so no writer of this process adds frames, and restarts the WAL when no
+/// reader is on its frames (else it tries again next round).
+///
+/// A round that copied every frame leaves the restart to SQLite: the next writer that finds the
+/// WAL fully copied and no reader on its frames starts it over (a `RESTART` could not do more
+/// while a reader is on them). `RESTART` holds the write lock for its copy, and sends waited
+/// 10–30 ms behind it during backfills (BENCHMARKS.md, thirteenth session), so it runs only
+/// when the round fell behind, and only once further rounds without the lock have copied most
+/// of what the writers added meanwhile.
+async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
     loop {
         tokio::time::sleep(CHECKPOINT_EVERY).await;
         if pool.is_closed() {
             return;
         }
-        match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&pool).await {
-            Ok((_, frames, _)) if frames >= RESTART_FRAMES => {
-                let _lock = lock.background().await;
-                match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(RESTART)").fetch_one(&pool).await {
-                    Ok((busy, _, _)) => tracing::debug!(frames, restarted = busy == 0, "restarting the SQLite WAL"),
-                    Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
-                }
-            }
-            Ok(_) => {}
+        let (frames, done) = match passive_checkpoint(&pool).await {
+            Ok(round) => round,
             Err(e) => {
                 if pool.is_closed() {
                     return;
                 }
                 tracing::warn!(error = %e, "checkpointing the SQLite WAL failed; trying again");
+                continue;
+            }
+        };
+        if frames < RESTART_FRAMES || done == frames {
+            continue;
+        }
+        // What the writers added during the round is copied by further rounds first, each
+        // shorter than the last, so the restart below copies little while it holds the lock.
+        let mut left = frames - done;
+        for _ in 0..CATCH_UP_ROUNDS {
+            if left <= RESTART_LEFT {
+                break;
+            }
+            match passive_checkpoint(&pool).await {
+                Ok((frames, done)) => left = frames - done,
+                Err(_) => break,
             }
         }
+        let _lock = lock.background().await;
+        match restart_wal(&writer).await {
+            Ok(restarted) => tracing::debug!(frames, left, restarted, "restarting the SQLite WAL"),
+            Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
+        }
     }
+}
+
+/// Extra `PASSIVE` rounds at most before a restart, and the frames left uncopied below which
+/// the restart goes ahead without another (about 4 MB).
+const CATCH_UP_ROUNDS: usize = 3;
+const RESTART_LEFT: i64 = 1_000;
+
+/// `PRAGMA wal_checkpoint(RESTART)` on the writer connection (whose turn it must be), which has
+/// no busy handler: when a reader is still on the WAL's frames it copies what it can and gives
+/// up at once (false) instead of holding every writer off while a busy handler sleeps until the
+/// readers are done (up to the busy timeout, 15 s, behind one long read); the caller tries
+/// again next round.
+async fn restart_wal(writer: &AnyPool) -> Result<bool> {
+    let (busy, _, _) = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(RESTART)").fetch_one(writer).await?;
+    Ok(busy == 0)
+}
+
+/// One `PASSIVE` checkpoint: the WAL's frames and how many of them are copied.
+async fn passive_checkpoint(pool: &AnyPool) -> Result<(i64, i64)> {
+    let (_, frames, done) = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(pool).await?;
+    Ok((frames, done))
 }
 
 /// `SQLITE_BUSY` (the database file is locked by another connection).
@@ -486,9 +528,9 @@ impl Store {
         let origin: Arc<str> = offshoot_core::ids::new_id().into();
         let write_lock = (backend == Backend::Sqlite).then(|| Arc::new(writer::WriteLock::default()));
         // SQLite (the one with a write lock) checkpoints its WAL; PostgreSQL announces events.
-        match &write_lock {
-            Some(lock) => drop(tokio::spawn(checkpoint(pool.clone(), lock.clone()))),
-            None => drop(tokio::spawn(events::announce(pool.clone(), announce.clone(), origin.clone()))),
+        match (&write_lock, &writer) {
+            (Some(lock), Some(writer)) => drop(tokio::spawn(checkpoint(pool.clone(), writer.clone(), lock.clone()))),
+            _ => drop(tokio::spawn(events::announce(pool.clone(), announce.clone(), origin.clone()))),
         }
         Ok(Store {
             pool,
@@ -780,6 +822,43 @@ mod tests {
         let other = Error::from(StoreError::Db(sqlx::Error::Protocol("relation \"secret_table\" does not exist".into())));
         assert_eq!(other.kind, ErrorKind::Internal);
         assert!(!other.message.contains("secret_table"), "{}", other.message);
+    }
+
+    #[tokio::test]
+    async fn a_wal_restart_gives_up_at_once_while_a_reader_is_on_the_wal_and_restarts_it_after() {
+        sqlx::any::install_default_drivers();
+        let path = std::env::temp_dir().join(format!("offshoot-restart-{}.db", uuid::Uuid::new_v4()));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let readers = sqlite_pool(&url, 2, SQLITE_BUSY_WAIT).await.expect("readers");
+        let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
+        sqlx::query("CREATE TABLE t (x INTEGER)").execute(&writer).await.expect("create");
+        sqlx::query("INSERT INTO t VALUES (1)").execute(&writer).await.expect("insert");
+        // A reader whose snapshot is on the WAL's frames, and a write after it.
+        let mut reader = readers.begin().await.expect("begin read");
+        let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *reader).await.expect("read");
+        sqlx::query("INSERT INTO t VALUES (2)").execute(&writer).await.expect("insert after the read");
+        // With a busy handler this would wait for the reader (up to the 15 s busy timeout).
+        let restarted = tokio::time::timeout(Duration::from_secs(5), restart_wal(&writer)).await;
+        assert!(matches!(restarted, Ok(Ok(false))), "gave up at once: {restarted:?}");
+        let still: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *reader).await.expect("read again");
+        assert_eq!((seen, still), (1, 1), "the reader kept its snapshot");
+        reader.rollback().await.expect("end read");
+        let wal_frames = || async {
+            let (_, frames, _) =
+                sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&writer).await.expect("passive");
+            frames
+        };
+        let before = wal_frames().await;
+        assert!(restart_wal(&writer).await.expect("restart"), "no reader left: restarted");
+        // The next write starts the WAL over: it holds only that write's frames.
+        sqlx::query("INSERT INTO t VALUES (3)").execute(&writer).await.expect("insert after the restart");
+        let after = wal_frames().await;
+        assert!(after < before, "the WAL started over: {before} frames before, {after} after");
+        readers.close().await;
+        writer.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
+        }
     }
 
     #[test]
