@@ -148,6 +148,13 @@ fn first_page_size(since_last_request: Option<Duration>, policy: &BackfillPolicy
 /// the last one scaled to the budget, else doubled; at most halved or doubled at once, within
 /// [`MIN_PAGE`]..=`page_size` (so a page within its budget, or one nobody waited for, is never
 /// made smaller).
+///
+/// `took` is the whole step, its wait for the write lock included: with several backfills at
+/// once that wait is behind the others' pages, so while requests keep arriving pages stay near
+/// [`MIN_PAGE`] (about 2.5 ms of the lock each). Sizing by the page's own hold of the lock
+/// instead was tried: pages of 100–500 rows, the four backfills of figure c three times faster,
+/// and the sends' p99 during them twice as long (BENCHMARKS.md, thirteenth session), so the
+/// sends' tail, which is the goal, keeps this.
 fn next_page_size(size: i64, took: Duration, held_up: bool, policy: &BackfillPolicy) -> i64 {
     let scale = match held_up {
         true => policy.page_budget.as_secs_f64() / took.as_secs_f64().max(1e-4),
