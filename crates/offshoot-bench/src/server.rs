@@ -59,7 +59,16 @@ impl Db {
         }
     }
 
+    /// Drops the database, unless `OFFSHOOT_BENCH_KEEP_DB=1` asks to keep it for `EXPLAIN`
+    /// (its name or path is then printed on stderr).
     pub async fn drop_it(self) {
+        if std::env::var("OFFSHOOT_BENCH_KEEP_DB").is_ok_and(|v| v == "1") {
+            match &self {
+                Db::Sqlite { path } => eprintln!("kept the database {}", path.display()),
+                Db::Postgres { name, .. } => eprintln!("kept the database {name}"),
+            }
+            return;
+        }
         match self {
             Db::Sqlite { path } => {
                 for suffix in ["", "-wal", "-shm"] {

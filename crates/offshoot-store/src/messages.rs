@@ -85,7 +85,9 @@ pub(crate) fn visible_after(viewer: &Viewer, after: &str, binds: &mut Vec<Bind>)
 /// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first. SQLite is told to
 /// use the index of pins (`message_pinned`, migration 0009): without statistics it preferred
 /// the channel's `created_at` index for the visibility's `created_at > …` and walked every
-/// message of the channel (BENCHMARKS.md, seventh session).
+/// message of the channel (BENCHMARKS.md, seventh session). PostgreSQL made the same choice
+/// for Query Channels' pins, whose truncations it cannot see; its index of pins holds
+/// `created_at` too (migration 0013), which it then prefers.
 pub(crate) fn pins_sql(backend: Backend, cid: &str, vis: &str, limit: i64) -> String {
     let indexed = match backend {
         Backend::Sqlite => " INDEXED BY message_pinned",

@@ -216,15 +216,8 @@ async fn latest_and_pinned_lateral(
 ) -> Result<(HashMap<String, Vec<Message>>, HashMap<String, Vec<Message>>)> {
     let (mut messages, mut pinned): (HashMap<String, Vec<Message>>, HashMap<String, Vec<Message>>) = Default::default();
     for chunk in channels.chunks(100) {
-        let mut binds = Vec::with_capacity(chunk.len() * 2 + 1);
-        let mut keys = Vec::with_capacity(chunk.len());
-        for ch in chunk {
-            binds.push(Bind::S(ch.cid.clone()));
-            binds.push(Bind::I(ch.truncated_at.unwrap_or(i64::MIN)));
-            keys.push(format!("(${}, ${})", binds.len() - 1, binds.len()));
-        }
+        let (mut binds, keys) = lateral_keys(chunk);
         let vis = visible_after(viewer, "k.after", &mut binds);
-        let keys = keys.join(", ");
         let main = page_sql(&format!("m.cid = k.cid AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}"), true, lim);
         messages_by_cid(conn, lateral(&keys, "cid, after", &main), &binds, &mut messages).await?;
         messages_by_cid(conn, lateral(&keys, "cid, after", &pins_sql(Backend::Postgres, "k.cid", &vis, PINNED_LIMIT)), &binds, &mut pinned)
@@ -234,6 +227,53 @@ async fn latest_and_pinned_lateral(
         rows::oldest_first(page);
     }
     Ok((messages, pinned))
+}
+
+/// The rows `(cid, after)` of `channels` for [`lateral`], as placeholders, and their values.
+fn lateral_keys(channels: &[Channel]) -> (Vec<Bind>, String) {
+    let mut binds = Vec::with_capacity(channels.len() * 2 + 1);
+    let mut keys = Vec::with_capacity(channels.len());
+    for ch in channels {
+        binds.push(Bind::S(ch.cid.clone()));
+        binds.push(Bind::I(ch.truncated_at.unwrap_or(i64::MIN)));
+        keys.push(format!("(${}, ${})", binds.len() - 1, binds.len()));
+    }
+    (binds, keys.join(", "))
+}
+
+impl Store {
+    /// The database's plan, as text, for the statement that reads the pins of `channels` in
+    /// [`Store::channel_states`] (`EXPLAIN` on PostgreSQL, `EXPLAIN QUERY PLAN` on SQLite), on
+    /// a connection of the store with its settings. The conformance suite checks that it takes
+    /// the index of pins rather than walking each channel's messages (migration 0013).
+    #[doc(hidden)]
+    pub async fn channel_pins_plan(&self, channels: &[Channel], viewer: &Viewer) -> Result<String> {
+        let (sql, binds) = match self.backend {
+            Backend::Postgres => {
+                let (mut binds, keys) = lateral_keys(channels);
+                let vis = visible_after(viewer, "k.after", &mut binds);
+                (format!("EXPLAIN {}", lateral(&keys, "cid, after", &pins_sql(Backend::Postgres, "k.cid", &vis, PINNED_LIMIT))), binds)
+            }
+            Backend::Sqlite => {
+                let (mut pins, mut binds) = (Vec::new(), Vec::new());
+                for ch in channels {
+                    binds.push(Bind::S(ch.cid.clone()));
+                    let c = binds.len();
+                    let vis = visible_to(viewer, ch.truncated_at, &mut binds);
+                    pins.push(pins_sql(Backend::Sqlite, &format!("${c}"), &vis, PINNED_LIMIT));
+                }
+                (format!("EXPLAIN QUERY PLAN {}", union_all(&pins)), binds)
+            }
+        };
+        let mut conn = self.pool().acquire().await?;
+        let rows = sqlx::query_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        let mut lines = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // PostgreSQL's one column, or SQLite's last (`detail`).
+            lines.push(sqlx::Row::try_get::<String, _>(row, sqlx::Row::len(row) - 1)?);
+        }
+        Ok(lines.join("\n"))
+    }
 }
 
 /// `inner` (which reads the row of `keys` as `k`, with `columns`) once per row of the `VALUES`

@@ -609,3 +609,49 @@ async fn channel_states_and_channel_state_agree() {
     })
     .await;
 }
+
+/// Query Channels reads the pins of its channels through the index of pins, not by walking
+/// each channel's messages, on tables without statistics (written just now, as with autovacuum
+/// off or not yet run): the read asks for each channel's pins after its truncation
+/// (`created_at > …`), which the statement cannot know in advance, and both engines once
+/// answered that with the channels' `created_at` index (BENCHMARKS.md, seventh and fourteenth
+/// sessions). Each channel's pins are still its own, after its own truncation.
+#[tokio::test]
+async fn query_channels_reads_pins_through_the_index_of_pins_without_statistics() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let start = offshoot_core::time::now() - 3_600_000_000_000;
+        // Enough messages that walking them is what PostgreSQL's guess prefers without
+        // statistics (its guesses follow the table's size on disk).
+        for i in 0..3 {
+            let ch = agent_channel(s, &format!("pidx{i}"), &["amy"]).await;
+            for chunk in 0..10 {
+                let sent = futures_util::future::join_all((0..100).map(|j| {
+                    let n = chunk * 100 + j;
+                    let new = crate::support::msg_at(&format!("pidx{i}-{n:04}"), &format!("message {n}"), start + n * 1_000_000);
+                    let cid = ch.cid.clone();
+                    async move { s.send_message(&cid, &new, &user("amy")).await }
+                }))
+                .await;
+                assert!(sent.iter().all(Result::is_ok), "sends: {sent:?}");
+            }
+            let pin = NewMessage { pinned: true, ..msg(&format!("pidx{i}-pin"), "pinned") };
+            s.send_message(&ch.cid, &pin, &user("amy")).await.expect("send pinned");
+        }
+        // The first channel is truncated after its pin: no pin is left to show there.
+        s.truncate_channel("agent:pidx0", None, false, None, None).await.expect("truncate");
+        let channels = s.query_channels(&ChannelFilter { limit: 10, ..Default::default() }).await.expect("query");
+        assert_eq!(channels.len(), 3);
+        for viewer in [crate::support::viewer("amy"), Viewer::Server] {
+            for (ch, state) in channels.iter().zip(s.channel_states(&channels, &viewer, 25, 100).await.expect("states")) {
+                let pins: Vec<&str> = state.pinned.iter().map(|m| m.id.as_str()).collect();
+                let expected = format!("{}-pin", ch.id);
+                assert_eq!(pins, if ch.id == "pidx0" { vec![] } else { vec![expected.as_str()] }, "{viewer:?}");
+            }
+            let plan = s.channel_pins_plan(&channels, &viewer).await.expect("plan");
+            assert!(plan.contains("message_pinned"), "the pins' index is not used for {viewer:?}:\n{plan}");
+            assert!(!plan.contains("message_cid_created_at"), "the channels' messages are walked for {viewer:?}:\n{plan}");
+        }
+    })
+    .await;
+}
