@@ -1,4 +1,6 @@
--- PostgreSQL adds `created_at` to its index of pins from here (its
--- 0013_pinned_index_created_at.sql); SQLite's pin reads name their index (`pins_sql`), so
--- nothing changes. Kept so both engines have the same versions.
-SELECT 1;
+-- The index of a channel's pins also holds each pin's `created_at`, as on PostgreSQL (its
+-- 0013_pinned_index_created_at.sql, which says why): both engines keep the same schema. SQLite's
+-- pin reads name this index (`pins_sql`) and use it as before, now with the truncation's
+-- `created_at > …` checked in the index.
+DROP INDEX message_pinned;
+CREATE INDEX message_pinned ON message (cid, pinned_at, created_at) WHERE pinned = TRUE;

@@ -86,8 +86,8 @@ pub(crate) fn visible_after(viewer: &Viewer, after: &str, binds: &mut Vec<Bind>)
 /// use the index of pins (`message_pinned`, migration 0009): without statistics it preferred
 /// the channel's `created_at` index for the visibility's `created_at > …` and walked every
 /// message of the channel (BENCHMARKS.md, seventh session). PostgreSQL made the same choice
-/// for Query Channels' pins, whose truncations it cannot see; its index of pins holds
-/// `created_at` too (migration 0013), which it then prefers.
+/// for Query Channels' pins, whose truncations it cannot see; the index of pins holds
+/// `created_at` too (migration 0013, both engines), which it then prefers.
 pub(crate) fn pins_sql(backend: Backend, cid: &str, vis: &str, limit: i64) -> String {
     let indexed = match backend {
         Backend::Sqlite => " INDEXED BY message_pinned",
