@@ -190,18 +190,18 @@ async fn latest_and_pinned_union(
     viewer: &Viewer,
     lim: i64,
 ) -> Result<(HashMap<String, Vec<Message>>, HashMap<String, Vec<Message>>)> {
-    let (mut main, mut pins, mut binds) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut main, mut binds) = (Vec::new(), Vec::new());
     for ch in channels {
         binds.push(Bind::S(ch.cid.clone()));
         let c = binds.len();
         let vis = visible_to(viewer, ch.truncated_at, &mut binds);
         main.push((ch.cid.clone(), format!("m.cid = ${c} AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}")));
-        pins.push(pins_sql(Backend::Sqlite, &format!("${c}"), &vis, PINNED_LIMIT));
     }
     let messages = latest_pages(conn, &main, &binds, lim, |m| m.cid.clone()).await?;
     let mut pinned: HashMap<String, Vec<Message>> = HashMap::new();
-    for chunk in pins.chunks(100) {
-        messages_by_cid(conn, union_all(chunk), &binds, &mut pinned).await?;
+    for chunk in channels.chunks(100) {
+        let (sql, binds) = pins_statement(Backend::Sqlite, chunk, viewer);
+        messages_by_cid(conn, sql, &binds, &mut pinned).await?;
     }
     Ok((messages, pinned))
 }
@@ -220,8 +220,8 @@ async fn latest_and_pinned_lateral(
         let vis = visible_after(viewer, "k.after", &mut binds);
         let main = page_sql(&format!("m.cid = k.cid AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) AND {vis}"), true, lim);
         messages_by_cid(conn, lateral(&keys, "cid, after", &main), &binds, &mut messages).await?;
-        messages_by_cid(conn, lateral(&keys, "cid, after", &pins_sql(Backend::Postgres, "k.cid", &vis, PINNED_LIMIT)), &binds, &mut pinned)
-            .await?;
+        let (sql, binds) = pins_statement(Backend::Postgres, chunk, viewer);
+        messages_by_cid(conn, sql, &binds, &mut pinned).await?;
     }
     for page in messages.values_mut() {
         rows::oldest_first(page);
@@ -241,6 +241,30 @@ fn lateral_keys(channels: &[Channel]) -> (Vec<Bind>, String) {
     (binds, keys.join(", "))
 }
 
+/// The statement that reads the pins of `channels` (each after its own truncation, as `viewer`
+/// sees them, newest pin first, [`PINNED_LIMIT`] each), and its values: a `LATERAL` list on
+/// PostgreSQL, a union on SQLite (see [`per_channel`]). [`Store::channel_pins_plan`] explains
+/// this same statement.
+fn pins_statement(backend: Backend, channels: &[Channel], viewer: &Viewer) -> (String, Vec<Bind>) {
+    match backend {
+        Backend::Postgres => {
+            let (mut binds, keys) = lateral_keys(channels);
+            let vis = visible_after(viewer, "k.after", &mut binds);
+            (lateral(&keys, "cid, after", &pins_sql(Backend::Postgres, "k.cid", &vis, PINNED_LIMIT)), binds)
+        }
+        Backend::Sqlite => {
+            let (mut pins, mut binds) = (Vec::new(), Vec::new());
+            for ch in channels {
+                binds.push(Bind::S(ch.cid.clone()));
+                let c = binds.len();
+                let vis = visible_to(viewer, ch.truncated_at, &mut binds);
+                pins.push(pins_sql(Backend::Sqlite, &format!("${c}"), &vis, PINNED_LIMIT));
+            }
+            (union_all(&pins), binds)
+        }
+    }
+}
+
 impl Store {
     /// The database's plan, as text, for the statement that reads the pins of `channels` in
     /// [`Store::channel_states`] (`EXPLAIN` on PostgreSQL, `EXPLAIN QUERY PLAN` on SQLite), on
@@ -248,23 +272,12 @@ impl Store {
     /// the index of pins rather than walking each channel's messages (migration 0013).
     #[doc(hidden)]
     pub async fn channel_pins_plan(&self, channels: &[Channel], viewer: &Viewer) -> Result<String> {
-        let (sql, binds) = match self.backend {
-            Backend::Postgres => {
-                let (mut binds, keys) = lateral_keys(channels);
-                let vis = visible_after(viewer, "k.after", &mut binds);
-                (format!("EXPLAIN {}", lateral(&keys, "cid, after", &pins_sql(Backend::Postgres, "k.cid", &vis, PINNED_LIMIT))), binds)
-            }
-            Backend::Sqlite => {
-                let (mut pins, mut binds) = (Vec::new(), Vec::new());
-                for ch in channels {
-                    binds.push(Bind::S(ch.cid.clone()));
-                    let c = binds.len();
-                    let vis = visible_to(viewer, ch.truncated_at, &mut binds);
-                    pins.push(pins_sql(Backend::Sqlite, &format!("${c}"), &vis, PINNED_LIMIT));
-                }
-                (format!("EXPLAIN QUERY PLAN {}", union_all(&pins)), binds)
-            }
+        let (sql, binds) = pins_statement(self.backend, channels, viewer);
+        let explain = match self.backend {
+            Backend::Postgres => "EXPLAIN",
+            Backend::Sqlite => "EXPLAIN QUERY PLAN",
         };
+        let sql = format!("{explain} {sql}");
         let mut conn = self.pool().acquire().await?;
         let rows = sqlx::query_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
         let mut lines = Vec::with_capacity(rows.len());
