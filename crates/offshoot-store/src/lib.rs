@@ -91,7 +91,7 @@ pub use events::OUTBOX_READ_GAP;
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Editor, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
-pub use state::ChannelState;
+pub use state::{ChannelState, StatePart};
 pub use unread::UnreadCounts;
 pub use users::{UserInput, UserPatch};
 

@@ -121,9 +121,8 @@ impl Store {
 /// The first `limit` members of each channel (as `Store::members` orders them), with their users.
 async fn members_of(conn: &mut AnyConnection, backend: Backend, cids: &[String], limit: i64) -> Result<HashMap<String, Vec<Member>>> {
     let mut out: HashMap<String, Vec<Member>> = HashMap::new();
-    let each = |cid: &str| format!("SELECT {MEMBER_COLS} FROM member WHERE cid = {cid} ORDER BY created_at, user_id LIMIT {limit}");
     for chunk in cids.chunks(100) {
-        let sql = per_channel(backend, chunk.len(), each);
+        let sql = members_statement(backend, chunk.len(), limit);
         for m in rows::fetch_json::<MemberRow>(conn, &sql, MEMBER_COLS, cid_arguments(chunk)?).await?.into_iter().map(Member::from) {
             out.entry(m.cid.clone()).or_default().push(m);
         }
@@ -150,7 +149,7 @@ async fn read_states_of(
     type Row = (String, String, i64, Option<String>, i64);
     let mut out: HashMap<String, Vec<ReadState>> = HashMap::new();
     for chunk in cids.chunks(100) {
-        let sql = per_channel(backend, chunk.len(), |cid| read_states_sql(cid, &limit.to_string()));
+        let sql = read_states_statement(backend, chunk.len(), limit);
         let select = "cid, user_id, last_read, last_read_message_id, unread_messages";
         for (cid, user_id, last_read, last_read_message_id, unread_messages) in
             rows::fetch_json::<Row>(conn, &sql, select, cid_arguments(chunk)?).await?
@@ -159,6 +158,17 @@ async fn read_states_of(
         }
     }
     Ok(out)
+}
+
+/// The statement of the first `limit` members of each of `n` channels (bound as `$1 … $n`), in
+/// `(created_at, user_id)` order, which the index `member_cid_created_at` holds (migration 0014).
+fn members_statement(backend: Backend, n: usize, limit: i64) -> String {
+    per_channel(backend, n, |cid| format!("SELECT {MEMBER_COLS} FROM member WHERE cid = {cid} ORDER BY created_at, user_id LIMIT {limit}"))
+}
+
+/// The statement of the read states of the first `limit` members of each of `n` channels.
+fn read_states_statement(backend: Backend, n: usize, limit: i64) -> String {
+    per_channel(backend, n, |cid| read_states_sql(cid, &limit.to_string()))
 }
 
 /// `cids` as the arguments `$1 … $n`.
@@ -265,14 +275,33 @@ fn pins_statement(backend: Backend, channels: &[Channel], viewer: &Viewer) -> (S
     }
 }
 
+/// A statement of [`Store::channel_states`] whose plan [`Store::channel_states_plan`] shows.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatePart {
+    /// Each channel's pins.
+    Pins,
+    /// Each channel's first members.
+    Members,
+    /// The read states of each channel's first members.
+    ReadStates,
+}
+
 impl Store {
-    /// The database's plan, as text, for the statement that reads the pins of `channels` in
-    /// [`Store::channel_states`] (`EXPLAIN` on PostgreSQL, `EXPLAIN QUERY PLAN` on SQLite), on
-    /// a connection of the store with its settings. The conformance suite checks that it takes
-    /// the index of pins rather than walking each channel's messages (migration 0013).
+    /// The database's plan, as text, for one statement of [`Store::channel_states`] over
+    /// `channels` (`EXPLAIN` on PostgreSQL, `EXPLAIN QUERY PLAN` on SQLite), on a connection of
+    /// the store with its settings. The conformance suite checks that each reads through its
+    /// index rather than walking each channel's messages or members (migrations 0013 and 0014).
+    /// On SQLite, members and read states run inside a `json_group_array` wrapper
+    /// (`rows::fetch_json`); this is the statement inside it.
     #[doc(hidden)]
-    pub async fn channel_pins_plan(&self, channels: &[Channel], viewer: &Viewer) -> Result<String> {
-        let (sql, binds) = pins_statement(self.backend, channels, viewer);
+    pub async fn channel_states_plan(&self, part: StatePart, channels: &[Channel], viewer: &Viewer, member_limit: i64) -> Result<String> {
+        let cids = || channels.iter().map(|c| Bind::S(c.cid.clone())).collect::<Vec<_>>();
+        let (sql, binds) = match part {
+            StatePart::Pins => pins_statement(self.backend, channels, viewer),
+            StatePart::Members => (members_statement(self.backend, channels.len(), member_limit), cids()),
+            StatePart::ReadStates => (read_states_statement(self.backend, channels.len(), member_limit), cids()),
+        };
         let explain = match self.backend {
             Backend::Postgres => "EXPLAIN",
             Backend::Sqlite => "EXPLAIN QUERY PLAN",

@@ -4,7 +4,7 @@ use crate::support::{agent_channel, assert_kind, channel_of, ids_seen_by, member
 use offshoot_core::model::{NewMessage, Reaction, Viewer};
 use offshoot_core::query::{channel_sort_field, parse_filter, parse_sort, ChannelSortField, Sort};
 use offshoot_core::ErrorKind;
-use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir, ReadMark, Store};
+use offshoot_store::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, Page, PageDir, ReadMark, StatePart, Store};
 use serde_json::{json, Map, Value};
 
 fn custom(v: Value) -> Map<String, Value> {
@@ -648,9 +648,42 @@ async fn query_channels_reads_pins_through_the_index_of_pins_without_statistics(
                 let expected = format!("{}-pin", ch.id);
                 assert_eq!(pins, if ch.id == "pidx0" { vec![] } else { vec![expected.as_str()] }, "{viewer:?}");
             }
-            let plan = s.channel_pins_plan(&channels, &viewer).await.expect("plan");
+            let plan = s.channel_states_plan(StatePart::Pins, &channels, &viewer, 100).await.expect("plan");
             assert!(plan.contains("message_pinned"), "the pins' index is not used for {viewer:?}:\n{plan}");
             assert!(!plan.contains("message_cid_created_at"), "the channels' messages are walked for {viewer:?}:\n{plan}");
+        }
+    })
+    .await;
+}
+
+/// A channel's first members, and their read states, are read in order through the index
+/// `member_cid_created_at` (migration 0014), not by walking and sorting every member of the
+/// channel; on tables written just now, without statistics. Checked on a channel of 1,500
+/// members beside two small ones: the first 100 members in `(created_at, user_id)` order.
+#[tokio::test]
+async fn channel_reads_take_their_first_members_through_the_member_order_index() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let big = agent_channel(s, "mbig", &["amy"]).await;
+        for chunk in 0..15 {
+            let members: Vec<MemberInput> = (0..100).map(|j| member(&format!("m{:05}", chunk * 100 + j))).collect();
+            s.add_members(&big.cid, &members, None).await.expect("add members");
+        }
+        agent_channel(s, "msmall0", &["amy", "ben"]).await;
+        agent_channel(s, "msmall1", &["ben"]).await;
+        let channels = s.query_channels(&ChannelFilter { limit: 10, ..Default::default() }).await.expect("query");
+        assert_eq!(channels.len(), 3);
+        let states = s.channel_states(&channels, &Viewer::Server, 25, 100).await.expect("states");
+        for (ch, state) in channels.iter().zip(&states) {
+            let all = s.members(&ch.cid, 2_000, 0).await.expect("members");
+            let first: Vec<&str> = all.iter().take(100).map(|m| m.user_id.as_str()).collect();
+            assert_eq!(state.members.iter().map(|m| m.user_id.as_str()).collect::<Vec<_>>(), first, "{}", ch.cid);
+            assert_eq!(state.reads.iter().map(|r| r.user_id.as_str()).collect::<Vec<_>>(), first, "{}", ch.cid);
+        }
+        assert_eq!(states.iter().map(|st| st.members.len()).max(), Some(100));
+        for part in [StatePart::Members, StatePart::ReadStates] {
+            let plan = s.channel_states_plan(part, &channels, &Viewer::Server, 100).await.expect("plan");
+            assert!(plan.contains("member_cid_created_at"), "{part:?} does not read members in order:\n{plan}");
         }
     })
     .await;
