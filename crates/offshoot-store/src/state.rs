@@ -253,7 +253,7 @@ fn lateral_keys(channels: &[Channel]) -> (Vec<Bind>, String) {
 
 /// The statement that reads the pins of `channels` (each after its own truncation, as `viewer`
 /// sees them, newest pin first, [`PINNED_LIMIT`] each), and its values: a `LATERAL` list on
-/// PostgreSQL, a union on SQLite (see [`per_channel`]). [`Store::channel_pins_plan`] explains
+/// PostgreSQL, a union on SQLite (see [`per_channel`]). [`Store::channel_states_plan`] explains
 /// this same statement.
 fn pins_statement(backend: Backend, channels: &[Channel], viewer: &Viewer) -> (String, Vec<Bind>) {
     match backend {
@@ -296,11 +296,14 @@ impl Store {
     /// (`rows::fetch_json`); this is the statement inside it.
     #[doc(hidden)]
     pub async fn channel_states_plan(&self, part: StatePart, channels: &[Channel], viewer: &Viewer, member_limit: i64) -> Result<String> {
-        let cids = || channels.iter().map(|c| Bind::S(c.cid.clone())).collect::<Vec<_>>();
-        let (sql, binds) = match part {
-            StatePart::Pins => pins_statement(self.backend, channels, viewer),
-            StatePart::Members => (members_statement(self.backend, channels.len(), member_limit), cids()),
-            StatePart::ReadStates => (read_states_statement(self.backend, channels.len(), member_limit), cids()),
+        let cids: Vec<String> = channels.iter().map(|c| c.cid.clone()).collect();
+        let (sql, args) = match part {
+            StatePart::Pins => {
+                let (sql, binds) = pins_statement(self.backend, channels, viewer);
+                (sql, arguments(&binds)?)
+            }
+            StatePart::Members => (members_statement(self.backend, cids.len(), member_limit), cid_arguments(&cids)?),
+            StatePart::ReadStates => (read_states_statement(self.backend, cids.len(), member_limit), cid_arguments(&cids)?),
         };
         let explain = match self.backend {
             Backend::Postgres => "EXPLAIN",
@@ -308,7 +311,7 @@ impl Store {
         };
         let sql = format!("{explain} {sql}");
         let mut conn = self.pool().acquire().await?;
-        let rows = sqlx::query_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        let rows = sqlx::query_with(AssertSqlSafe(sql), args).fetch_all(crate::counted(&mut *conn)).await?;
         let mut lines = Vec::with_capacity(rows.len());
         for row in &rows {
             // PostgreSQL's one column, or SQLite's last (`detail`).
