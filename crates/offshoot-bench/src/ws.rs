@@ -57,9 +57,11 @@ struct Client {
     task: tokio::task::JoinHandle<()>,
 }
 
-/// Connects user `user` to `/connect` (legacy dialect, as JS `stream-chat` does), waits for its
-/// `health.check` with the connection id, then reads every frame in a task of its own.
-async fn connect(ws_base: &str, index: usize, user: &str, board: Arc<Board>) -> Result<Client> {
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Connects user `user` to `/connect` (legacy dialect, as JS `stream-chat` does) and waits for
+/// its `health.check` with the connection id: the socket, the user's token, the connection id.
+async fn open(ws_base: &str, user: &str) -> Result<(Socket, String, String)> {
     let token = user_token(user)?;
     let json = json!({"user_id": user, "user_details": {"id": user, "name": user}}).to_string();
     let url = reqwest::Url::parse_with_params(
@@ -81,6 +83,13 @@ async fn connect(ws_base: &str, index: usize, user: &str, board: Arc<Board>) -> 
             Err(_) => bail!("{user}: no first frame within 30 s"),
         }
     };
+    Ok((socket, token, connection_id))
+}
+
+/// Connects user `user` ([`open`]), then reads every frame in a task of its own, recording the
+/// message events on `board`.
+async fn connect(ws_base: &str, index: usize, user: &str, board: Arc<Board>) -> Result<Client> {
+    let (mut socket, token, connection_id) = open(ws_base, user).await?;
     let task = tokio::spawn(async move {
         while let Some(frame) = socket.next().await {
             match frame {
@@ -107,6 +116,58 @@ async fn connect(ws_base: &str, index: usize, user: &str, board: Arc<Board>) -> 
         board.closed.fetch_add(1, Ordering::SeqCst);
     });
     Ok(Client { token, connection_id, task })
+}
+
+/// A client watching a fork's source for `channel.forked`, which is how a client learns that a
+/// fork is finished (`docs/fork.md`, Events).
+pub struct ForkedWatch {
+    /// The `fork.channel_cid` of each `channel.forked` received, in order.
+    forked: tokio::sync::mpsc::UnboundedReceiver<String>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ForkedWatch {
+    /// Connects `user` (a member of the source) and watches `agent:{source}`.
+    pub async fn start(api: &Api, user: &str, source: &str) -> Result<ForkedWatch> {
+        let (mut socket, token, connection_id) = open(&api.base.replacen("http", "ws", 1), user).await?;
+        let path = format!("/channels/agent/{source}/query?connection_id={connection_id}");
+        api.call_as(&token, reqwest::Method::POST, &path, Some(&json!({"state": false, "watch": true}))).await?;
+        let (tx, forked) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Some(Ok(frame)) = socket.next().await {
+                let Frame::Text(t) = frame else { continue };
+                if !t.as_str().contains("\"type\":\"channel.forked\"") {
+                    continue;
+                }
+                if let Ok(v) = serde_json::from_str::<Value>(t.as_str()) {
+                    if let Some(cid) = v["fork"]["channel_cid"].as_str() {
+                        let _ = tx.send(cid.to_string());
+                    }
+                }
+            }
+        });
+        Ok(ForkedWatch { forked, task })
+    }
+
+    /// Waits until `channel.forked` has arrived for every one of `cids`.
+    pub async fn wait_for(&mut self, cids: &[String], timeout: Duration) -> Result<()> {
+        let mut left: std::collections::HashSet<&str> = cids.iter().map(String::as_str).collect();
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !left.is_empty() {
+            match tokio::time::timeout_at(deadline, self.forked.recv()).await {
+                Ok(Some(cid)) => drop(left.remove(cid.as_str())),
+                Ok(None) => bail!("the watching connection ended before channel.forked for {left:?}"),
+                Err(_) => bail!("no channel.forked for {left:?} within {timeout:?}"),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ForkedWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 async fn connect_all(ws_base: &str, users: &[String], first_index: usize, board: &Arc<Board>) -> Result<Vec<Client>> {
