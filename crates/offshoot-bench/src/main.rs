@@ -674,8 +674,7 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
     ensure!(busy.errors == 0, "sends failed during backfills: {:?}", busy.first_error);
     let mut copied = Vec::new();
     for t in targets.iter().flatten() {
-        // Answers at once (the fork's own state, which must say completed by now).
-        let summary = api.wait_for_fork(&json!({"status": "completed"}), t).await?;
+        let summary = api.completed_fork(t).await?;
         copied.push(summary["copied_message_count"].as_i64());
     }
     ensure!(copied.windows(2).all(|w| w[0] == w[1]), "the forks copied different counts: {copied:?}");

@@ -287,6 +287,21 @@ pub fn user_token(user_id: &str) -> Result<String> {
 }
 
 impl Api {
+    /// The server's WebSocket address (`ws://…`).
+    pub fn ws_base(&self) -> String {
+        self.base.replacen("http", "ws", 1)
+    }
+
+    /// The fork's own state (`fork` of `POST /channels/agent/{target}/query`), which must say
+    /// `completed`.
+    pub async fn completed_fork(&self, target: &str) -> Result<Value> {
+        let (state, _) =
+            self.call(reqwest::Method::POST, &format!("/channels/agent/{target}/query"), Some(&json!({"state": false}))).await?;
+        let summary = state["channel"]["fork"].clone();
+        ensure!(summary["status"] == "completed", "the fork into {target} is not completed: {summary}");
+        Ok(summary)
+    }
+
     fn new(base: String) -> Result<Api> {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).pool_max_idle_per_host(4096).build()?;
         Ok(Api { base, http, token: sign(&json!({"server": true}))? })
@@ -351,10 +366,6 @@ impl Api {
                 tokio::time::sleep(POLL_INTERVAL).await;
             }
         }
-        let (state, _) =
-            self.call(reqwest::Method::POST, &format!("/channels/agent/{target}/query"), Some(&json!({"state": false}))).await?;
-        let summary = state["channel"]["fork"].clone();
-        ensure!(summary["status"] == "completed", "the fork into {target} is not completed: {summary}");
-        Ok(summary)
+        self.completed_fork(target).await
     }
 }

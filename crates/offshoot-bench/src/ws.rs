@@ -129,9 +129,8 @@ pub struct ForkedWatch {
 impl ForkedWatch {
     /// Connects `user` (a member of the source) and watches `agent:{source}`.
     pub async fn start(api: &Api, user: &str, source: &str) -> Result<ForkedWatch> {
-        let (mut socket, token, connection_id) = open(&api.base.replacen("http", "ws", 1), user).await?;
-        let path = format!("/channels/agent/{source}/query?connection_id={connection_id}");
-        api.call_as(&token, reqwest::Method::POST, &path, Some(&json!({"state": false, "watch": true}))).await?;
+        let (mut socket, token, connection_id) = open(&api.ws_base(), user).await?;
+        watch_as(api, &token, &connection_id, source).await?;
         let (tx, forked) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             while let Some(Ok(frame)) = socket.next().await {
@@ -208,13 +207,16 @@ async fn channel_with(api: &Api, id: &str, members: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Connection `connection_id` (of the user of `token`) watches `agent:{channel}`.
+async fn watch_as(api: &Api, token: &str, connection_id: &str, channel: &str) -> Result<Value> {
+    let path = format!("/channels/agent/{channel}/query?connection_id={connection_id}");
+    api.call_as(token, reqwest::Method::POST, &path, Some(&json!({"state": false, "watch": true}))).await.map(|r| r.0)
+}
+
 /// Each client watches its channel (`POST …/query?connection_id=…` with `watch: true`).
 async fn watch(api: &Api, pairs: Vec<(&Client, String)>) -> Result<()> {
     let done: Vec<Result<Value>> = futures_util::stream::iter(pairs)
-        .map(|(c, channel)| async move {
-            let path = format!("/channels/agent/{channel}/query?connection_id={}", c.connection_id);
-            api.call_as(&c.token, reqwest::Method::POST, &path, Some(&json!({"state": false, "watch": true}))).await.map(|r| r.0)
-        })
+        .map(|(c, channel)| async move { watch_as(api, &c.token, &c.connection_id, &channel).await })
         .buffer_unordered(CONNECT_CONCURRENCY)
         .collect()
         .await;
@@ -252,7 +254,7 @@ fn millis(all: &[Duration]) -> String {
 /// d. Idle connections, fan-out to 1,000 watchers, 100 channels × 10 watchers at 200 msg/s.
 async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<()> {
     let api = &server.api;
-    let ws_base = api.base.replacen("http", "ws", 1);
+    let ws_base = api.ws_base();
     seed::users(api).await?;
     let users: Vec<String> = (0..args.clients).map(|i| format!("ws-u{i}")).collect();
     upsert_users(api, &users).await?;
@@ -406,7 +408,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// `ai_indicator.clear`. Steps the number of streams until the p99 passes 100 ms.
 async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<()> {
     let api = &server.api;
-    let ws_base = api.base.replacen("http", "ws", 1);
+    let ws_base = api.ws_base();
     seed::users(api).await?;
     let default: &[usize] = if args.quick { &[5, 10, 50, 100] } else { &[5, 10, 25, 50, 100, 150, 200, 300] };
     let steps = args.streams.as_deref().unwrap_or(default);
