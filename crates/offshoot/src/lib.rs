@@ -20,6 +20,9 @@ use tokio_util::sync::CancellationToken;
 /// Starts the configured roles on `listener` and runs until `shutdown` is cancelled; then
 /// drains in-flight requests (bounded) and returns.
 pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if let Err(e) = huge_pages_off() {
+        tracing::warn!(error = %e, "could not turn transparent huge pages off for this process");
+    }
     let store = Store::connect(&config.database_url).await.map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
     let (api_key, api_secret, generated) = store
         .ensure_app(config.api_key.as_deref(), config.api_secret.as_ref().map(|s| s.expose_secret()))
@@ -128,5 +131,26 @@ async fn prune_outbox(store: Store, retention: Duration, interval: Duration, shu
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "pruning the outbox failed"),
         }
+    }
+}
+
+/// Turns transparent huge pages off for this process (Linux; elsewhere nothing to do). The
+/// allocator asks for huge pages for its memory where the kernel offers them on request, and
+/// each first touch of such memory then has the kernel zero 2 MiB on the request's thread: under
+/// load both runtime threads spent a quarter of a second at a time doing that while every
+/// request waited, and PostgreSQL's sustained send rate went from 1,500/s to under 250/s
+/// (BENCHMARKS.md, sixteenth session). Memory already mapped keeps its pages.
+pub fn huge_pages_off() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    rustix::thread::disable_transparent_huge_pages(true)?;
+    Ok(())
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    #[test]
+    fn huge_pages_are_off_for_the_process_after_the_call() {
+        super::huge_pages_off().expect("prctl");
+        assert!(rustix::thread::transparent_huge_pages_are_disabled().expect("prctl"));
     }
 }
