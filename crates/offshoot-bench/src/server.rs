@@ -150,23 +150,17 @@ pub async fn serve_child(mut args: impl Iterator<Item = String>) -> Result<()> {
     let max_ws: usize = args.next().context("serve: the WebSocket cap")?.parse()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let mut config = offshoot::Config {
+    // The operator's settings from the environment (a page size or budget to try, say), with
+    // what the benchmark itself decides on top.
+    let config = offshoot::Config {
         listen: addr.to_string(),
         database_url: url,
         api_key: Some(API_KEY.into()),
         api_secret: Some(API_SECRET.into()),
         roles,
         max_ws_connections: max_ws,
-        ..offshoot::Config::default()
+        ..offshoot::Config::from_env()?
     };
-    // For experiments: another SQLite page budget than the default (BENCHMARKS.md, figure c).
-    if let Some(ms) = std::env::var("OFFSHOOT_BENCH_PAGE_BUDGET_MS").ok().and_then(|v| v.parse().ok()) {
-        config.worker.backfill.page_budget = Duration::from_millis(ms);
-    }
-    // For experiments: another backfill page size than the default (BENCHMARKS.md, figure b).
-    if let Some(n) = std::env::var("OFFSHOOT_BENCH_PAGE_SIZE").ok().and_then(|v| v.parse().ok()) {
-        config.backfill_page_size = n;
-    }
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(offshoot::run(listener, config, shutdown.clone()));
     println!("{READY}{addr}");
