@@ -662,13 +662,8 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
         eprintln!("c trace: busy start at {unix:.3} (Unix seconds)");
         // The slowest of the sends the goal counts (none scheduled during a fork request), the
         // p99's own samples among them.
-        let mut worst: Vec<(Instant, Duration)> = busy
-            .starts
-            .iter()
-            .copied()
-            .zip(busy.latencies.iter().copied())
-            .filter(|(at, _)| no_request_in_flight(at))
-            .collect();
+        let mut worst: Vec<(Instant, Duration)> =
+            busy.starts.iter().copied().zip(busy.latencies.iter().copied()).filter(|(at, _)| no_request_in_flight(at)).collect();
         worst.sort_by_key(|w| std::cmp::Reverse(w.1));
         eprintln!("c trace: fork requests at {:?}", requests.iter().map(|(s, a)| (at(*s), at(*a))).collect::<Vec<_>>());
         for (i, d) in worst.iter().take(worst.len() / 100 + 5) {
