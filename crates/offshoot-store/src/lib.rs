@@ -378,8 +378,8 @@ async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyP
 /// How often the SQLite WAL is copied into the database by [`checkpoint`].
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
-/// WAL frames (pages) left after a `PASSIVE` checkpoint past which [`checkpoint`] restarts the
-/// WAL under the write lock: about 40 MB with 4 KiB pages.
+/// WAL frames (pages) past which [`checkpoint`] restarts the WAL under the write lock: about
+/// 40 MB with 4 KiB pages.
 const RESTART_FRAMES: i64 = 10_000;
 
 /// Copies the SQLite WAL into the database every [`CHECKPOINT_EVERY`], off every request's and
@@ -387,23 +387,29 @@ const RESTART_FRAMES: i64 = 10_000;
 /// takes no lock that writers or readers wait for; what a reader still uses stays for the next
 /// round. Ends when the pool is closed.
 ///
-/// Under steady writes a `PASSIVE` checkpoint never catches up with the last frame, so SQLite
-/// never starts the WAL over and it grows for as long as the writes last (660 MB during the
-/// benchmark's seeding); every page read then searches more of the WAL's index, and the send
-/// ceiling halved after a run of heavy writes (BENCHMARKS.md, ninth session). Past
+/// A WAL that is never started over grows for as long as writes last, and every page read then
+/// searches more of the WAL's index. The send ceiling halved after a run of heavy writes
+/// (BENCHMARKS.md, ninth session), and during the agent streams of figure e the WAL reached
+/// 1.2 GB (seventeenth session). SQLite starts the WAL over by itself only when a writer finds it
+/// fully copied and no reader on its frames. Under steady writes that moment does not come:
+/// either the rounds never catch up with the last frame (the benchmark's seeding), or they catch
+/// up every round but a reader is always on the frames (the streams). So past
 /// [`RESTART_FRAMES`] the next round takes the write lock as a background page does (waiting
-/// requests go first), so no writer of this process adds frames, and restarts the WAL when no
-/// reader is on its frames (else it tries again next round).
+/// requests go first), so that no writer of this process adds frames. It then restarts the WAL,
+/// trying again [`RESTART_PAUSE`] apart while a reader is still on its frames (readers that start
+/// meanwhile read the database alone), at most [`RESTART_TRIES`] times, and otherwise next round.
 ///
-/// A round that copied every frame leaves the restart to SQLite: the next writer that finds the
-/// WAL fully copied and no reader on its frames starts it over (a `RESTART` could not do more
-/// while a reader is on them). `RESTART` holds the write lock for its copy, and sends waited
-/// 10–30 ms behind it during backfills (BENCHMARKS.md, thirteenth session), so it runs only
-/// when the round fell behind, and only once further rounds without the lock have copied most
-/// of what the writers added meanwhile.
+/// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
+/// backfills (BENCHMARKS.md, thirteenth session). So when the round left frames uncopied, further
+/// rounds without the lock first copy most of what the writers added meanwhile.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
+    checkpoint_with(pool, writer, lock, CHECKPOINT_EVERY, RESTART_FRAMES).await
+}
+
+/// [`checkpoint`] with its interval and restart threshold given (tests use small ones).
+async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>, every: Duration, restart_frames: i64) {
     loop {
-        tokio::time::sleep(CHECKPOINT_EVERY).await;
+        tokio::time::sleep(every).await;
         if pool.is_closed() {
             return;
         }
@@ -417,7 +423,7 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
                 continue;
             }
         };
-        if frames < RESTART_FRAMES || done == frames {
+        if frames < restart_frames {
             continue;
         }
         // What the writers added during the round is copied by further rounds first, each
@@ -433,8 +439,16 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
             }
         }
         let _lock = lock.background().await;
-        match restart_wal(&writer).await {
-            Ok(restarted) => tracing::debug!(frames, left, restarted, "restarting the SQLite WAL"),
+        let mut tries = 0;
+        let outcome = loop {
+            tries += 1;
+            match restart_wal(&writer).await {
+                Ok(false) if tries < RESTART_TRIES => tokio::time::sleep(RESTART_PAUSE).await,
+                other => break other,
+            }
+        };
+        match outcome {
+            Ok(restarted) => tracing::debug!(frames, left, restarted, tries, "restarting the SQLite WAL"),
             Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
         }
     }
@@ -444,6 +458,11 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
 /// the restart goes ahead without another (about 4 MB).
 const CATCH_UP_ROUNDS: usize = 3;
 const RESTART_LEFT: i64 = 1_000;
+
+/// Restarts tried under one hold of the write lock while a reader is still on the WAL's frames,
+/// and the pause between them: the lock is held for about 10 ms at most.
+const RESTART_TRIES: u32 = 10;
+const RESTART_PAUSE: Duration = Duration::from_millis(1);
 
 /// `PRAGMA wal_checkpoint(RESTART)` on the writer connection (whose turn it must be), which has
 /// no busy handler: when a reader is still on the WAL's frames it copies what it can and gives
@@ -859,6 +878,58 @@ mod tests {
         for suffix in ["", "-wal", "-shm"] {
             std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
         }
+    }
+
+    #[tokio::test]
+    async fn the_checkpoint_starts_the_wal_over_while_a_reader_is_always_on_it() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        sqlx::any::install_default_drivers();
+        let path = std::env::temp_dir().join(format!("offshoot-restart-{}.db", uuid::Uuid::new_v4()));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let readers = sqlite_pool(&url, 2, SQLITE_BUSY_WAIT).await.expect("readers");
+        let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
+        sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(&writer).await.expect("create");
+        let lock = Arc::new(writer::WriteLock::default());
+        let checkpoints = tokio::spawn(checkpoint_with(readers.clone(), writer.clone(), lock.clone(), Duration::from_millis(20), 200));
+        // A reader on the WAL's frames nearly all the time: each read holds its snapshot for 2 ms
+        // and the next starts at once (as the outbox's consumers did during figure e).
+        let stop = Arc::new(AtomicBool::new(false));
+        let reading = tokio::spawn({
+            let (pool, stop) = (readers.clone(), stop.clone());
+            async move {
+                let mut reads = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut tx = pool.begin().await.expect("begin read");
+                    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *tx).await.expect("read");
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    tx.rollback().await.expect("end read");
+                    reads += 1;
+                }
+                reads
+            }
+        });
+        // Writes as requests make them, one frame or more each (about 12 MB of WAL in all), in
+        // bursts with a moment between them for the checkpoint's turn.
+        for i in 0..3_000 {
+            let _turn = lock.request().await;
+            sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(i).bind("x".repeat(100)).execute(&writer).await.expect("insert");
+            if i % 10 == 9 {
+                drop(_turn);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let reads = reading.await.expect("reader");
+        let wal = std::fs::metadata(format!("{}-wal", path.display())).expect("the WAL").len();
+        checkpoints.abort();
+        readers.close().await;
+        writer.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
+        }
+        assert!(reads > 100, "the reader kept reading throughout ({reads} reads)");
+        // Restarted past 200 frames (0.8 MB), the WAL's file is reused from its start.
+        assert!(wal < 4 << 20, "the WAL was started over: its file is {wal} bytes");
     }
 
     #[test]
