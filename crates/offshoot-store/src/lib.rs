@@ -378,9 +378,15 @@ async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyP
 /// How often the SQLite WAL is copied into the database by [`checkpoint`].
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
-/// WAL frames (pages) past which [`checkpoint`] restarts the WAL under the write lock: about
-/// 40 MB with 4 KiB pages.
+/// WAL frames (pages) past which [`checkpoint`] restarts the WAL under the write lock when its
+/// round could not copy them all: about 40 MB with 4 KiB pages.
 const RESTART_FRAMES: i64 = 10_000;
+
+/// WAL frames past which [`checkpoint`] restarts the WAL even when its rounds copy it in full:
+/// about 400 MB. Restarts cost the sends around them: restarting every fully copied WAL past
+/// [`RESTART_FRAMES`] took the sends' p99 during backfills from 13 to 22 ms (figure c,
+/// BENCHMARKS.md, seventeenth session). So this bound is for the disk, not for speed.
+const WAL_CAP_FRAMES: i64 = 100_000;
 
 /// Copies the SQLite WAL into the database every [`CHECKPOINT_EVERY`], off every request's and
 /// backfill page's path (their connections do not checkpoint, [`sqlite_pool`]). `PASSIVE`: it
@@ -394,20 +400,23 @@ const RESTART_FRAMES: i64 = 10_000;
 /// fully copied and no reader on its frames. Under steady writes that moment does not come:
 /// either the rounds never catch up with the last frame (the benchmark's seeding), or they catch
 /// up every round but a reader is always on the frames (the streams). So past
-/// [`RESTART_FRAMES`] the next round takes the write lock as a background page does (waiting
+/// [`RESTART_FRAMES`] (a round that fell behind) or [`WAL_CAP_FRAMES`] (one that did not) the
+/// next round takes the write lock as a background page does (waiting
 /// requests go first), so that no writer of this process adds frames. It then restarts the WAL,
 /// trying again [`RESTART_PAUSE`] apart while a reader is still on its frames (readers that start
-/// meanwhile read the database alone), at most [`RESTART_TRIES`] times, and otherwise next round.
+/// meanwhile read the database alone), at most [`RESTART_TRIES`] times and only while no request
+/// waits for the lock, and otherwise next round.
 ///
 /// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
 /// backfills (BENCHMARKS.md, thirteenth session). So when the round left frames uncopied, further
 /// rounds without the lock first copy most of what the writers added meanwhile.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
-    checkpoint_with(pool, writer, lock, CHECKPOINT_EVERY, RESTART_FRAMES).await
+    checkpoint_with(pool, writer, lock, CHECKPOINT_EVERY, (RESTART_FRAMES, WAL_CAP_FRAMES)).await
 }
 
-/// [`checkpoint`] with its interval and restart threshold given (tests use small ones).
-async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>, every: Duration, restart_frames: i64) {
+/// [`checkpoint`] with its interval and its two restart thresholds given, [`RESTART_FRAMES`] and
+/// [`WAL_CAP_FRAMES`] (tests use small ones).
+async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>, every: Duration, (behind, cap): (i64, i64)) {
     loop {
         tokio::time::sleep(every).await;
         if pool.is_closed() {
@@ -423,7 +432,7 @@ async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::Write
                 continue;
             }
         };
-        if frames < restart_frames {
+        if frames < behind || (done == frames && frames < cap) {
             continue;
         }
         // What the writers added during the round is copied by further rounds first, each
@@ -443,7 +452,8 @@ async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::Write
         let outcome = loop {
             tries += 1;
             match restart_wal(&writer).await {
-                Ok(false) if tries < RESTART_TRIES => tokio::time::sleep(RESTART_PAUSE).await,
+                // Not while a request waits: it goes first, and the next round tries again.
+                Ok(false) if tries < RESTART_TRIES && !lock.requests_waiting() => tokio::time::sleep(RESTART_PAUSE).await,
                 other => break other,
             }
         };
@@ -459,8 +469,9 @@ async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::Write
 const CATCH_UP_ROUNDS: usize = 3;
 const RESTART_LEFT: i64 = 1_000;
 
-/// Restarts tried under one hold of the write lock while a reader is still on the WAL's frames,
-/// and the pause between them: the lock is held for about 10 ms at most.
+/// Restarts tried under one hold of the write lock while a reader is still on the WAL's frames
+/// and no request waits for the lock, and the pause between them: the lock is held for about
+/// 10 ms at most, and only while no request wants it.
 const RESTART_TRIES: u32 = 10;
 const RESTART_PAUSE: Duration = Duration::from_millis(1);
 
@@ -890,7 +901,8 @@ mod tests {
         let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
         sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(&writer).await.expect("create");
         let lock = Arc::new(writer::WriteLock::default());
-        let checkpoints = tokio::spawn(checkpoint_with(readers.clone(), writer.clone(), lock.clone(), Duration::from_millis(20), 200));
+        let checkpoints =
+            tokio::spawn(checkpoint_with(readers.clone(), writer.clone(), lock.clone(), Duration::from_millis(20), (i64::MAX, 200)));
         // A reader on the WAL's frames nearly all the time: each read holds its snapshot for 2 ms
         // and the next starts at once (as the outbox's consumers did during figure e).
         let stop = Arc::new(AtomicBool::new(false));
@@ -909,13 +921,14 @@ mod tests {
             }
         });
         // Writes as requests make them, one frame or more each (about 12 MB of WAL in all), in
-        // bursts with a moment between them for the checkpoint's turn.
+        // bursts with a moment between them for the checkpoint's turn (its restarts give way to
+        // a waiting request).
         for i in 0..3_000 {
             let _turn = lock.request().await;
             sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(i).bind("x".repeat(100)).execute(&writer).await.expect("insert");
             if i % 10 == 9 {
                 drop(_turn);
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
         stop.store(true, Ordering::Relaxed);
@@ -928,7 +941,8 @@ mod tests {
             std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
         }
         assert!(reads > 100, "the reader kept reading throughout ({reads} reads)");
-        // Restarted past 200 frames (0.8 MB), the WAL's file is reused from its start.
+        // Only the bound for a WAL copied in full is in reach (200 frames, 0.8 MB): restarted
+        // past it, the WAL's file is reused from its start.
         assert!(wal < 4 << 20, "the WAL was started over: its file is {wal} bytes");
     }
 

@@ -68,6 +68,11 @@ impl WriteLock {
         Some(self.last_request_at.load(Ordering::Acquire)).filter(|&t| t > 0)
     }
 
+    /// Whether a request is waiting for the lock now.
+    pub(crate) fn requests_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+
     /// How many requests so far found the lock taken and waited.
     pub(crate) fn request_waits(&self) -> u64 {
         self.waits.load(Ordering::Acquire)
