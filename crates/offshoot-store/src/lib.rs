@@ -404,8 +404,8 @@ const WAL_CAP_FRAMES: i64 = 100_000;
 /// next round takes the write lock as a background page does (waiting
 /// requests go first), so that no writer of this process adds frames. It then restarts the WAL,
 /// trying again [`RESTART_PAUSE`] apart while a reader is still on its frames (readers that start
-/// meanwhile read the database alone), at most [`RESTART_TRIES`] times and only while no request
-/// waits for the lock, and otherwise next round.
+/// meanwhile read the database alone), at most [`RESTART_TRIES`] times, only past
+/// [`WAL_CAP_FRAMES`] and only while no request waits for the lock, and otherwise next round.
 ///
 /// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
 /// backfills (BENCHMARKS.md, thirteenth session). So when the round left frames uncopied, further
@@ -453,7 +453,7 @@ async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::Write
             tries += 1;
             match restart_wal(&writer).await {
                 // Not while a request waits: it goes first, and the next round tries again.
-                Ok(false) if tries < RESTART_TRIES && !lock.requests_waiting() => tokio::time::sleep(RESTART_PAUSE).await,
+                Ok(false) if frames >= cap && tries < RESTART_TRIES && !lock.requests_waiting() => tokio::time::sleep(RESTART_PAUSE).await,
                 other => break other,
             }
         };
@@ -470,8 +470,10 @@ const CATCH_UP_ROUNDS: usize = 3;
 const RESTART_LEFT: i64 = 1_000;
 
 /// Restarts tried under one hold of the write lock while a reader is still on the WAL's frames
-/// and no request waits for the lock, and the pause between them: the lock is held for about
-/// 10 ms at most, and only while no request wants it.
+/// and no request waits for the lock, once the WAL is past [`WAL_CAP_FRAMES`] (below it, one
+/// try a round, as before: each restart that succeeds costs the sends around it, figure c), and
+/// the pause between them: the lock is held for about 10 ms at most, and only while no request
+/// wants it.
 const RESTART_TRIES: u32 = 10;
 const RESTART_PAUSE: Duration = Duration::from_millis(1);
 
