@@ -945,7 +945,8 @@ mod tests {
         assert!(reads > 100, "the reader kept reading throughout ({reads} reads)");
         // Only the bound for a WAL copied in full is in reach (200 frames, 0.8 MB): restarted
         // past it, the WAL's file is reused from its start.
-        assert!(wal < 4 << 20, "the WAL was started over: its file is {wal} bytes");
+        // Never started over, it reaches 12–13 MB; under load a restart can come late (4.8 MB).
+        assert!(wal < 8 << 20, "the WAL was started over: its file is {wal} bytes");
     }
 
     #[test]
