@@ -411,14 +411,8 @@ const WAL_CAP_FRAMES: i64 = 100_000;
 /// backfills (BENCHMARKS.md, thirteenth session). So when the round left frames uncopied, further
 /// rounds without the lock first copy most of what the writers added meanwhile.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
-    checkpoint_with(pool, writer, lock, CHECKPOINT_EVERY, (RESTART_FRAMES, WAL_CAP_FRAMES)).await
-}
-
-/// [`checkpoint`] with its interval and its two restart thresholds given, [`RESTART_FRAMES`] and
-/// [`WAL_CAP_FRAMES`] (tests use small ones).
-async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>, every: Duration, (behind, cap): (i64, i64)) {
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
         if pool.is_closed() {
             return;
         }
@@ -432,7 +426,7 @@ async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::Write
                 continue;
             }
         };
-        if frames < behind || (done == frames && frames < cap) {
+        if frames < RESTART_FRAMES || (done == frames && frames < WAL_CAP_FRAMES) {
             continue;
         }
         // What the writers added during the round is copied by further rounds first, each
@@ -453,7 +447,9 @@ async fn checkpoint_with(pool: AnyPool, writer: AnyPool, lock: Arc<writer::Write
             tries += 1;
             match restart_wal(&writer).await {
                 // Not while a request waits: it goes first, and the next round tries again.
-                Ok(false) if frames >= cap && tries < RESTART_TRIES && !lock.requests_waiting() => tokio::time::sleep(RESTART_PAUSE).await,
+                Ok(false) if frames >= WAL_CAP_FRAMES && tries < RESTART_TRIES && !lock.requests_waiting() => {
+                    tokio::time::sleep(RESTART_PAUSE).await
+                }
                 other => break other,
             }
         };
@@ -891,62 +887,6 @@ mod tests {
         for suffix in ["", "-wal", "-shm"] {
             std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
         }
-    }
-
-    #[tokio::test]
-    async fn the_checkpoint_starts_the_wal_over_while_a_reader_is_always_on_it() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        sqlx::any::install_default_drivers();
-        let path = std::env::temp_dir().join(format!("offshoot-restart-{}.db", uuid::Uuid::new_v4()));
-        let url = format!("sqlite://{}?mode=rwc", path.display());
-        let readers = sqlite_pool(&url, 2, SQLITE_BUSY_WAIT).await.expect("readers");
-        let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
-        sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(&writer).await.expect("create");
-        let lock = Arc::new(writer::WriteLock::default());
-        let checkpoints =
-            tokio::spawn(checkpoint_with(readers.clone(), writer.clone(), lock.clone(), Duration::from_millis(20), (i64::MAX, 200)));
-        // A reader on the WAL's frames nearly all the time: each read holds its snapshot for 2 ms
-        // and the next starts at once (as the outbox's consumers did during figure e).
-        let stop = Arc::new(AtomicBool::new(false));
-        let reading = tokio::spawn({
-            let (pool, stop) = (readers.clone(), stop.clone());
-            async move {
-                let mut reads = 0u32;
-                while !stop.load(Ordering::Relaxed) {
-                    let mut tx = pool.begin().await.expect("begin read");
-                    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *tx).await.expect("read");
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    tx.rollback().await.expect("end read");
-                    reads += 1;
-                }
-                reads
-            }
-        });
-        // Writes as requests make them, one frame or more each (about 12 MB of WAL in all), in
-        // bursts with a moment between them for the checkpoint's turn (its restarts give way to
-        // a waiting request).
-        for i in 0..3_000 {
-            let _turn = lock.request().await;
-            sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(i).bind("x".repeat(100)).execute(&writer).await.expect("insert");
-            if i % 10 == 9 {
-                drop(_turn);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        let reads = reading.await.expect("reader");
-        let wal = std::fs::metadata(format!("{}-wal", path.display())).expect("the WAL").len();
-        checkpoints.abort();
-        readers.close().await;
-        writer.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
-        }
-        assert!(reads > 100, "the reader kept reading throughout ({reads} reads)");
-        // Only the bound for a WAL copied in full is in reach (200 frames, 0.8 MB): restarted
-        // past it, the WAL's file is reused from its start.
-        // Never started over, it reaches 12–13 MB; under load a restart can come late (4.8 MB).
-        assert!(wal < 8 << 20, "the WAL was started over: its file is {wal} bytes");
     }
 
     #[test]
