@@ -23,6 +23,7 @@
 //! slow machine. Depends on the `offshoot` crate (to run the server) and talks to the database
 //! only to time the floor.
 
+mod cpu;
 mod seed;
 mod server;
 mod ws;
@@ -383,6 +384,7 @@ async fn sync_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
         }
         let mut sample = Vec::with_capacity(args.forks);
         let mut copied = 0;
+        let cpu = cpu::Mark::now();
         for i in 0..args.forks {
             let (resp, took) = api.fork(&source.id, &source.newest, &format!("{}-f{i}", source.id)).await?;
             ensure!(resp["fork"]["status"] == "backfilling", "a fork of {n} messages should be backfilling: {}", resp["fork"]);
@@ -392,11 +394,12 @@ async fn sync_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
         let p50 = percentile(&sample, 50.0);
         p50s.push(p50);
         report.add(format!(
-            "a. sync fork, realistic {n:>6}-message source: p50 {} p95 {} (n={}, {} messages in the answer; goal p50 ≤ 25 ms: {})",
+            "a. sync fork, realistic {n:>6}-message source: p50 {} p95 {} (n={}, {} messages in the answer{}; goal p50 ≤ 25 ms: {})",
             ms(p50),
             ms(percentile(&sample, 95.0)),
             sample.len(),
             copied,
+            cpu::note("; ", cpu::since(cpu)),
             goal(p50 <= Duration::from_millis(25))
         ));
     }
@@ -464,14 +467,16 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
 /// b. Fork to completion (`channel.forked` is written in the transaction that completes the
 /// task) against the floor. Returns a completed fork's id.
 async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, report: &mut Report) -> Result<String> {
+    let cpu = cpu::Mark::now();
     let done = to_completion(&server.api, source, args.reps, "full").await?;
     let (med, copied) = (done.median(), done.copied);
     report.add(format!(
-        "b. fork to channel.forked, realistic {}-message source: median {} ({copied} copied, {:.0} messages/s; runs: {})",
+        "b. fork to channel.forked, realistic {}-message source: median {} ({copied} copied, {:.0} messages/s; runs: {}{})",
         source.written,
         ms(med),
         copied as f64 / med.as_secs_f64(),
-        done.runs()
+        done.runs(),
+        cpu::note("; ", cpu::since(cpu))
     ));
     let last = done.last;
     let mut floors = Vec::new();
@@ -616,7 +621,9 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
     let rounds = if args.quick { 1 } else { 3 };
     let channels = chat_channels(api, "c-chat-", 10, &[]).await?;
     let window = Duration::from_secs_f64(args.step_secs.min(5.0) * rounds as f64);
+    let cpu_calm = cpu::Mark::now();
     let calm = send_at(api, &channels, RATE, window, None).await;
+    let cpu_calm = cpu::note("; ", cpu::since(cpu_calm));
     ensure!(calm.errors == 0, "sends failed without backfills: {:?}", calm.first_error);
     // The end of the backfills is learnt from `channel.forked` on a watching connection, as a
     // client learns it: polling four tasks every few milliseconds would add hundreds of requests
@@ -647,8 +654,10 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
             out.map(|()| (started.elapsed() / rounds, requests))
         })
     };
+    let cpu_busy = cpu::Mark::now();
     let busy = send_at(api, &channels, RATE, server::COMPLETION_TIMEOUT, Some(stop)).await;
     let (backfill_time, requests) = forks.await??;
+    let cpu_busy = cpu::note("; ", cpu::since(cpu_busy));
     // The sends scheduled while no fork request was in flight: only the backfills beside them.
     let no_request_in_flight = |at: &Instant| !requests.iter().any(|(sent, answered)| (*sent..*answered).contains(at));
     let backfill_only: Vec<Duration> =
@@ -681,7 +690,7 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
     let (p99_calm, p99_busy) = (calm.p(99.0), busy.p(99.0));
     let ratio = p99_backfill_only.as_secs_f64() / p99_calm.as_secs_f64();
     report.add(format!(
-        "c. sends at {RATE:.0}/s: p99 {} without backfills (p50 {}, n={}); p99 {} while four {}-message forks backfill (p50 {}, n={}: the sends scheduled while no fork request was in flight; {rounds} round(s) of four, each took {}); ratio {ratio:.1}x (goal ≤ 2x: {})",
+        "c. sends at {RATE:.0}/s: p99 {} without backfills (p50 {}, n={}{cpu_calm}); p99 {} while four {}-message forks backfill (p50 {}, n={}: the sends scheduled while no fork request was in flight; {rounds} round(s) of four, each took {}{cpu_busy}); ratio {ratio:.1}x (goal ≤ 2x: {})",
         ms(p99_calm),
         ms(calm.p(50.0)),
         calm.latencies.len(),
@@ -710,14 +719,16 @@ async fn send_rate(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
     let mut best = None;
     let mut steps = Vec::new();
     for &rate in &args.rates {
+        let cpu = cpu::Mark::now();
         let run = send_at(api, &channels, rate, step, None).await;
         let ok = run.errors == 0 && run.p(99.0) <= Duration::from_millis(50) && run.rate() >= 0.95 * rate;
         steps.push(format!(
-            "{rate:.0}/s → {:.0}/s p50 {} p99 {}{}",
+            "{rate:.0}/s → {:.0}/s p50 {} p99 {}{}{}",
             run.rate(),
             ms(run.p(50.0)),
             ms(run.p(99.0)),
-            if run.errors > 0 { format!(" ({} failed or not started)", run.errors) } else { String::new() }
+            if run.errors > 0 { format!(" ({} failed or not started)", run.errors) } else { String::new() },
+            cpu::since(cpu).map(|u| format!(" [{u}]")).unwrap_or_default()
         ));
         if !ok {
             break;
@@ -754,7 +765,11 @@ async fn query_channels(api: &Api, args: &Args, report: &mut Report) -> Result<(
     });
     let reps = if args.quick { 20 } else { 100 };
     let (mut sample, mut with_parse, mut size) = (Vec::new(), Vec::new(), 0);
+    let mut cpu = None;
     for i in 0..reps + 5 {
+        if i == 5 {
+            cpu = cpu::Mark::now();
+        }
         let (resp, took, parse) = api.call_split(&token, reqwest::Method::POST, "/channels", Some(&body)).await?;
         let n = resp["channels"].as_array().map(Vec::len).unwrap_or(0);
         ensure!(n == 30, "Query Channels returned {n} channels, not 30");
@@ -768,12 +783,13 @@ async fn query_channels(api: &Api, args: &Args, report: &mut Report) -> Result<(
     // answer (about 1.2 MB: 750 messages with their users) into JSON is shown beside it.
     let p50 = percentile(&sample, 50.0);
     report.add(format!(
-        "g. Query Channels, a user in 30 channels of 100 messages (limit 30, state, default message limit): p50 {} p95 {} to the last byte (n={}, {} KiB; with the client's JSON parse: p50 {}); goal p50 ≤ 20 ms: {}",
+        "g. Query Channels, a user in 30 channels of 100 messages (limit 30, state, default message limit): p50 {} p95 {} to the last byte (n={}, {} KiB; with the client's JSON parse: p50 {}{}); goal p50 ≤ 20 ms: {}",
         ms(p50),
         ms(percentile(&sample, 95.0)),
         sample.len(),
         size / 1024,
         ms(percentile(&with_parse, 50.0)),
+        cpu::note("; ", cpu::since(cpu)),
         goal(p50 <= Duration::from_millis(20))
     ));
     Ok(())
@@ -902,6 +918,7 @@ async fn bench(args: Args) -> Result<()> {
         println!("\n== {} (load average {}) ==", backend.name(), load_average());
         let mut report = Report::default();
         let started = Instant::now();
+        let cpu = cpu::Mark::now();
         if args.wants('a') {
             bench_sync(backend, &args, &mut report).await.with_context(|| format!("{}: a. synchronous fork", backend.name()))?;
         }
@@ -911,7 +928,13 @@ async fn bench(args: Args) -> Result<()> {
         if args.wants('d') || args.wants('e') {
             ws::bench_ws(backend, &args, &mut report).await.with_context(|| format!("{}: d, e (WebSocket)", backend.name()))?;
         }
-        println!("  ({} in {:.0} s, load average now {})", backend.name(), started.elapsed().as_secs_f64(), load_average());
+        println!(
+            "  ({} in {:.0} s, load average now {}{})",
+            backend.name(),
+            started.elapsed().as_secs_f64(),
+            load_average(),
+            cpu::note("; ", cpu::since(cpu))
+        );
         let _ = writeln!(summary, "\n### {}\n", backend.name());
         for line in &report.lines {
             let _ = writeln!(summary, "- {line}");

@@ -288,6 +288,7 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     board.take();
     let rounds = if args.quick { 5 } else { 20 };
     let (mut lasts, mut each, mut sends, mut warmups) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let cpu = crate::cpu::Mark::now();
     for j in 0..rounds {
         let id = format!("fan-{j}");
         let body = json!({"message": {"id": id, "text": "one message to a thousand watchers", "user_id": seed::AGENTS[0]}});
@@ -317,14 +318,15 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     }
     let p99_last = percentile(&lasts, 99.0);
     report.add(format!(
-        "d. one message to 1,000 watchers ({rounds} messages): send → last watcher p50 {} p99 {}; every delivery p50 {} (goal p99 ≤ 100 ms: {}; each message's last, in order: {}; its send request: {}; the untimed request before it: {})",
+        "d. one message to 1,000 watchers ({rounds} messages): send → last watcher p50 {} p99 {}; every delivery p50 {} (goal p99 ≤ 100 ms: {}; each message's last, in order: {}; its send request: {}; the untimed request before it: {}{})",
         ms(percentile(&lasts, 50.0)),
         ms(p99_last),
         ms(percentile(&each, 50.0)),
         goal(p99_last <= Duration::from_millis(100)),
         millis(&lasts),
         millis(&sends),
-        millis(&warmups)
+        millis(&warmups),
+        crate::cpu::note("; ", crate::cpu::since(cpu))
     ));
 
     // 100 channels × 10 watchers, 200 messages/s in all.
@@ -334,6 +336,7 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     let closed_before = board.closed.load(Ordering::SeqCst);
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let rate = 200.0;
+    let cpu = crate::cpu::Mark::now();
     let run = open_loop(rate, Duration::from_secs_f64(args.step_secs), None, 2_000, |i| {
         let (api, sent) = (api.clone(), sent.clone());
         let room = rooms[i as usize % rooms.len()].clone();
@@ -370,12 +373,13 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     let dropped = board.closed.load(Ordering::SeqCst) - closed_before;
     let p99 = percentile(&lat, 99.0);
     report.add(format!(
-        "d. 100 channels × 10 watchers, {:.0} messages/s for {:.0} s: {} deliveries of {expected}, p50 {} p99 {} (send → receipt); clients closed {dropped}, clients short of messages {short} (goal p99 ≤ 100 ms, none dropped: {})",
+        "d. 100 channels × 10 watchers, {:.0} messages/s for {:.0} s: {} deliveries of {expected}, p50 {} p99 {} (send → receipt); clients closed {dropped}, clients short of messages {short}{} (goal p99 ≤ 100 ms, none dropped: {})",
         run.rate(),
         args.step_secs,
         lat.len(),
         ms(percentile(&lat, 50.0)),
         ms(p99),
+        crate::cpu::note("; ", crate::cpu::since(cpu)),
         goal(p99 <= Duration::from_millis(100) && dropped == 0 && short == 0 && lat.len() >= expected)
     ));
     let rss_busy = server.rss_kib().unwrap_or(0);
@@ -424,7 +428,9 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
         let board = Arc::new(Board::default());
         let clients = connect_all(&ws_base, &users, 0, &board).await?;
         watch(api, clients.iter().zip(&channels).map(|(c, ch)| (c, ch.clone())).collect()).await?;
+        let cpu = crate::cpu::Mark::now();
         let (outcome, sent) = stream_step(api, &channels, args.step_secs).await;
+        let cpu = crate::cpu::since(cpu);
         let updates = sent.len();
         let deadline = Instant::now() + GRACE;
         while board.receipts.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|r| r.seq.is_some()).count() < updates
@@ -444,10 +450,11 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
         let p99 = percentile(&lat, 99.0);
         let ok = outcome.is_ok() && lat.len() >= updates && closed == 0 && p99 <= Duration::from_millis(100);
         lines.push(format!(
-            "{streams} streams: {} updates/s, update → watcher p50 {} p99 {}{}{}",
+            "{streams} streams: {} updates/s, update → watcher p50 {} p99 {}{}{}{}",
             (updates as f64 / args.step_secs).round(),
             ms(percentile(&lat, 50.0)),
             ms(p99),
+            cpu.map(|u| format!(" [{u}]")).unwrap_or_default(),
             if lat.len() < updates { format!(", {} of {updates} updates not seen", updates - lat.len()) } else { String::new() },
             match &outcome {
                 Err(e) => format!(", failed: {e:#}"),
