@@ -416,48 +416,60 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
         if pool.is_closed() {
             return;
         }
-        let (frames, done) = match passive_checkpoint(&pool).await {
-            Ok(round) => round,
-            Err(e) => {
-                if pool.is_closed() {
-                    return;
-                }
-                tracing::warn!(error = %e, "checkpointing the SQLite WAL failed; trying again");
-                continue;
+        if let Err(e) = checkpoint_round(&pool, &writer, &lock, WAL_BOUNDS).await {
+            if pool.is_closed() {
+                return;
             }
-        };
-        if frames < RESTART_FRAMES || (done == frames && frames < WAL_CAP_FRAMES) {
-            continue;
-        }
-        // What the writers added during the round is copied by further rounds first, each
-        // shorter than the last, so the restart below copies little while it holds the lock.
-        let mut left = frames - done;
-        for _ in 0..CATCH_UP_ROUNDS {
-            if left <= RESTART_LEFT {
-                break;
-            }
-            match passive_checkpoint(&pool).await {
-                Ok((frames, done)) => left = frames - done,
-                Err(_) => break,
-            }
-        }
-        let _lock = lock.background().await;
-        let mut tries = 0;
-        let outcome = loop {
-            tries += 1;
-            match restart_wal(&writer).await {
-                // Not while a request waits: it goes first, and the next round tries again.
-                Ok(false) if frames >= WAL_CAP_FRAMES && tries < RESTART_TRIES && !lock.requests_waiting() => {
-                    tokio::time::sleep(RESTART_PAUSE).await
-                }
-                other => break other,
-            }
-        };
-        match outcome {
-            Ok(restarted) => tracing::debug!(frames, left, restarted, tries, "restarting the SQLite WAL"),
-            Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
+            tracing::warn!(error = %e, "checkpointing the SQLite WAL failed; trying again");
         }
     }
+}
+
+/// The WAL's sizes, in frames, past which [`checkpoint`] restarts it: [`RESTART_FRAMES`] and
+/// [`WAL_CAP_FRAMES`] (a test gives small ones).
+#[derive(Debug, Clone, Copy)]
+struct WalBounds {
+    behind: i64,
+    cap: i64,
+}
+
+const WAL_BOUNDS: WalBounds = WalBounds { behind: RESTART_FRAMES, cap: WAL_CAP_FRAMES };
+
+/// One round of [`checkpoint`]. Fails only when its `PASSIVE` copy fails.
+async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::WriteLock, bounds: WalBounds) -> Result<()> {
+    let (frames, done) = passive_checkpoint(pool).await?;
+    if frames < bounds.behind || (done == frames && frames < bounds.cap) {
+        return Ok(());
+    }
+    // What the writers added during the round is copied by further rounds first, each
+    // shorter than the last, so the restart below copies little while it holds the lock.
+    let mut left = frames - done;
+    for _ in 0..CATCH_UP_ROUNDS {
+        if left <= RESTART_LEFT {
+            break;
+        }
+        match passive_checkpoint(pool).await {
+            Ok((frames, done)) => left = frames - done,
+            Err(_) => break,
+        }
+    }
+    let _lock = lock.background().await;
+    let mut tries = 0;
+    let outcome = loop {
+        tries += 1;
+        match restart_wal(writer).await {
+            // Not while a request waits: it goes first, and the next round tries again.
+            Ok(false) if frames >= bounds.cap && tries < RESTART_TRIES && !lock.requests_waiting() => {
+                tokio::time::sleep(RESTART_PAUSE).await
+            }
+            other => break other,
+        }
+    };
+    match outcome {
+        Ok(restarted) => tracing::debug!(frames, left, restarted, tries, "restarting the SQLite WAL"),
+        Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
+    }
+    Ok(())
 }
 
 /// Extra `PASSIVE` rounds at most before a restart, and the frames left uncopied below which
@@ -887,6 +899,74 @@ mod tests {
         for suffix in ["", "-wal", "-shm"] {
             std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
         }
+    }
+
+    /// The moment of figure e where SQLite never starts the WAL over by itself (BENCHMARKS.md,
+    /// seventeenth session, 4): after each write a reader begins on the WAL's frames (the
+    /// outbox's consumers, woken by the commit), the round copies them all, and the next write
+    /// comes while that reader is still open. SQLite tries its restart only at the first write
+    /// after a full copy, and a reader on the frames makes it give up; so with `cap` out of
+    /// reach the WAL only grows. Past `cap` the round holds the write lock and tries again while
+    /// the reader finishes, as reads do.
+    async fn wal_frames_under_readers_after_every_write(cap: i64) -> Vec<i64> {
+        sqlx::any::install_default_drivers();
+        let path = std::env::temp_dir().join(format!("offshoot-wal-cap-{}.db", uuid::Uuid::new_v4()));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let readers = sqlite_pool(&url, 8, SQLITE_BUSY_WAIT).await.expect("readers");
+        let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
+        let lock = writer::WriteLock::default();
+        sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(&writer).await.expect("create");
+        let frames_now = || async {
+            let (_, frames, _) =
+                sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&readers).await.expect("passive");
+            frames
+        };
+        let mut reading: Option<tokio::task::JoinHandle<()>> = None;
+        let mut frames = Vec::new();
+        for i in 0..100 {
+            {
+                let _turn = lock.request().await;
+                // About 10 KB: a few frames a write.
+                sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(i).bind("x".repeat(10_000)).execute(&writer).await.expect("insert");
+            }
+            // A reader on the frames just written.
+            let mut read = readers.begin().await.expect("begin read");
+            let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *read).await.expect("read");
+            // The reader before it is done, so the round copies every frame.
+            if let Some(previous) = reading.take() {
+                previous.await.expect("previous reader");
+            }
+            // This one finishes on its own 3 ms into the round: after the next write when the
+            // round does not wait, and while it waits when it does (10 tries, 1 ms apart).
+            reading = Some(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                read.rollback().await.expect("end read");
+            }));
+            checkpoint_round(&readers, &writer, &lock, WalBounds { behind: 30, cap }).await.expect("round");
+            frames.push(frames_now().await);
+        }
+        if let Some(last) = reading {
+            last.await.expect("last reader");
+        }
+        readers.close().await;
+        writer.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
+        }
+        frames
+    }
+
+    #[tokio::test]
+    async fn the_checkpoint_starts_over_a_wal_that_a_reader_is_always_on() {
+        let cap = 60;
+        let frames = wal_frames_under_readers_after_every_write(cap).await;
+        let restarts = frames.windows(2).filter(|w| w[1] < w[0]).count();
+        let most = frames.iter().copied().max().unwrap_or(0);
+        // Never started over, the WAL holds every write's frames: 300 and more after 100 writes.
+        assert!(
+            restarts >= 2 && most < 3 * cap,
+            "the WAL was started over past {cap} frames: {restarts} restarts, {most} frames at most ({frames:?})"
+        );
     }
 
     #[test]
