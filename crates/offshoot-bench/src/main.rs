@@ -915,7 +915,8 @@ async fn bench(args: Args) -> Result<()> {
             println!("\nPostgreSQL not reachable at {}: the PostgreSQL benchmark was SKIPPED", server::redact(&args.pg_url));
             continue;
         }
-        println!("\n== {} (load average {}) ==", backend.name(), load_average());
+        let speed = tokio::task::spawn_blocking(cpu::speed_check).await?;
+        println!("\n== {} (load average {}; speed check {}, the best of five) ==", backend.name(), load_average(), ms(speed));
         let mut report = Report::default();
         let started = Instant::now();
         let cpu = cpu::Mark::now();
@@ -935,7 +936,12 @@ async fn bench(args: Args) -> Result<()> {
             load_average(),
             cpu::note("; ", cpu::since(cpu))
         );
-        let _ = writeln!(summary, "\n### {}\n", backend.name());
+        let _ = writeln!(
+            summary,
+            "\n### {}\n\nSpeed check at the start: {} (`cpu.rs`: one core, a fixed JSON page written and read 40 times).\n",
+            backend.name(),
+            ms(speed)
+        );
         for line in &report.lines {
             let _ = writeln!(summary, "- {line}");
         }
