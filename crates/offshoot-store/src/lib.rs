@@ -864,41 +864,61 @@ mod tests {
         assert!(!other.message.contains("secret_table"), "{}", other.message);
     }
 
+    /// A scratch SQLite file with the store's pools on it: `readers` (with the busy handler) and
+    /// the one `writer` (without).
+    struct Scratch {
+        path: std::path::PathBuf,
+        readers: AnyPool,
+        writer: AnyPool,
+    }
+
+    impl Scratch {
+        async fn new(readers: u32) -> Scratch {
+            sqlx::any::install_default_drivers();
+            let path = std::env::temp_dir().join(format!("offshoot-wal-{}.db", uuid::Uuid::new_v4()));
+            let url = format!("sqlite://{}?mode=rwc", path.display());
+            let readers = sqlite_pool(&url, readers, SQLITE_BUSY_WAIT).await.expect("readers");
+            let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
+            Scratch { path, readers, writer }
+        }
+
+        /// The WAL's frames now (a `PASSIVE` round).
+        async fn wal_frames(&self) -> i64 {
+            passive_checkpoint(&self.readers).await.expect("passive").0
+        }
+
+        async fn remove(self) {
+            self.readers.close().await;
+            self.writer.close().await;
+            for suffix in ["", "-wal", "-shm"] {
+                std::fs::remove_file(format!("{}{suffix}", self.path.display())).ok();
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_wal_restart_gives_up_at_once_while_a_reader_is_on_the_wal_and_restarts_it_after() {
-        sqlx::any::install_default_drivers();
-        let path = std::env::temp_dir().join(format!("offshoot-restart-{}.db", uuid::Uuid::new_v4()));
-        let url = format!("sqlite://{}?mode=rwc", path.display());
-        let readers = sqlite_pool(&url, 2, SQLITE_BUSY_WAIT).await.expect("readers");
-        let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
-        sqlx::query("CREATE TABLE t (x INTEGER)").execute(&writer).await.expect("create");
-        sqlx::query("INSERT INTO t VALUES (1)").execute(&writer).await.expect("insert");
+        let scratch = Scratch::new(2).await;
+        let (readers, writer) = (&scratch.readers, &scratch.writer);
+        sqlx::query("CREATE TABLE t (x INTEGER)").execute(writer).await.expect("create");
+        sqlx::query("INSERT INTO t VALUES (1)").execute(writer).await.expect("insert");
         // A reader whose snapshot is on the WAL's frames, and a write after it.
         let mut reader = readers.begin().await.expect("begin read");
         let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *reader).await.expect("read");
-        sqlx::query("INSERT INTO t VALUES (2)").execute(&writer).await.expect("insert after the read");
+        sqlx::query("INSERT INTO t VALUES (2)").execute(writer).await.expect("insert after the read");
         // With a busy handler this would wait for the reader (up to the 15 s busy timeout).
-        let restarted = tokio::time::timeout(Duration::from_secs(5), restart_wal(&writer)).await;
+        let restarted = tokio::time::timeout(Duration::from_secs(5), restart_wal(writer)).await;
         assert!(matches!(restarted, Ok(Ok(false))), "gave up at once: {restarted:?}");
         let still: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *reader).await.expect("read again");
         assert_eq!((seen, still), (1, 1), "the reader kept its snapshot");
         reader.rollback().await.expect("end read");
-        let wal_frames = || async {
-            let (_, frames, _) =
-                sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&writer).await.expect("passive");
-            frames
-        };
-        let before = wal_frames().await;
-        assert!(restart_wal(&writer).await.expect("restart"), "no reader left: restarted");
+        let before = scratch.wal_frames().await;
+        assert!(restart_wal(writer).await.expect("restart"), "no reader left: restarted");
         // The next write starts the WAL over: it holds only that write's frames.
-        sqlx::query("INSERT INTO t VALUES (3)").execute(&writer).await.expect("insert after the restart");
-        let after = wal_frames().await;
+        sqlx::query("INSERT INTO t VALUES (3)").execute(writer).await.expect("insert after the restart");
+        let after = scratch.wal_frames().await;
         assert!(after < before, "the WAL started over: {before} frames before, {after} after");
-        readers.close().await;
-        writer.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
-        }
+        scratch.remove().await;
     }
 
     /// The moment of figure e where SQLite never starts the WAL over by itself (BENCHMARKS.md,
@@ -909,25 +929,17 @@ mod tests {
     /// reach the WAL only grows. Past `cap` the round holds the write lock and tries again while
     /// the reader finishes, as reads do.
     async fn wal_frames_under_readers_after_every_write(cap: i64) -> Vec<i64> {
-        sqlx::any::install_default_drivers();
-        let path = std::env::temp_dir().join(format!("offshoot-wal-cap-{}.db", uuid::Uuid::new_v4()));
-        let url = format!("sqlite://{}?mode=rwc", path.display());
-        let readers = sqlite_pool(&url, 8, SQLITE_BUSY_WAIT).await.expect("readers");
-        let writer = sqlite_pool(&url, 1, Duration::ZERO).await.expect("writer");
+        let scratch = Scratch::new(8).await;
+        let (readers, writer) = (&scratch.readers, &scratch.writer);
         let lock = writer::WriteLock::default();
-        sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(&writer).await.expect("create");
-        let frames_now = || async {
-            let (_, frames, _) =
-                sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&readers).await.expect("passive");
-            frames
-        };
+        sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(writer).await.expect("create");
         let mut reading: Option<tokio::task::JoinHandle<()>> = None;
         let mut frames = Vec::new();
         for i in 0..100 {
             {
                 let _turn = lock.request().await;
                 // About 10 KB: a few frames a write.
-                sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(i).bind("x".repeat(10_000)).execute(&writer).await.expect("insert");
+                sqlx::query("INSERT INTO t VALUES ($1, $2)").bind(i).bind("x".repeat(10_000)).execute(writer).await.expect("insert");
             }
             // A reader on the frames just written.
             let mut read = readers.begin().await.expect("begin read");
@@ -942,17 +954,13 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 read.rollback().await.expect("end read");
             }));
-            checkpoint_round(&readers, &writer, &lock, WalBounds { behind: 30, cap }).await.expect("round");
-            frames.push(frames_now().await);
+            checkpoint_round(readers, writer, &lock, WalBounds { behind: 30, cap }).await.expect("round");
+            frames.push(scratch.wal_frames().await);
         }
         if let Some(last) = reading {
             last.await.expect("last reader");
         }
-        readers.close().await;
-        writer.close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            std::fs::remove_file(format!("{}{suffix}", path.display())).ok();
-        }
+        scratch.remove().await;
         frames
     }
 
