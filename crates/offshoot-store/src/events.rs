@@ -23,40 +23,145 @@ impl Tx {
 /// transaction takes (crate doc, lock order). The events are serialised before it is taken and
 /// written in the statement that takes it (their `seq` follows their order in the statement's
 /// `VALUES`, which is the order they were queued in).
-pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<(Event, Audience)>) -> Result<()> {
+pub(crate) async fn append(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    backend: Backend,
+    events: Vec<(Event, Audience)>,
+) -> Result<Written> {
+    let mut written = Written::default();
     if events.is_empty() {
-        return Ok(());
+        return Ok(written);
     }
     let mut rows = Vec::with_capacity(events.len());
     for (event, audience) in events {
-        rows.push((
-            event.kind.clone(),
-            event.cid.clone(),
-            serde_json::to_string(&event)?,
-            serde_json::to_string(&audience)?,
-            event.created_at,
-        ));
+        let payload = serde_json::to_string(&event)?;
+        let audience_text = serde_json::to_string(&audience)?;
+        rows.push((OutboxEvent { seq: 0, event, audience }, payload, audience_text));
     }
     // 5 parameters a row; a statement stays far below either engine's parameter limit.
-    for (i, chunk) in rows.chunks(500).enumerate() {
+    let mut first = true;
+    while !rows.is_empty() {
+        let chunk: Vec<_> = rows.drain(..rows.len().min(500)).collect();
         let values = crate::rows::value_rows(backend, 1, chunk.len(), 5);
         let sql = match backend {
             // The lock is taken by the statement's first row: every row, and so every `seq`
             // drawn for one, comes after it. No NOTIFY here: see [`announce`].
-            Backend::Postgres if i == 0 => format!(
+            Backend::Postgres if first => format!(
                 "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({OUTBOX_LOCK})) \
                  INSERT INTO event (type, cid, payload, audience, created_at) \
                  SELECT v.* FROM outbox_lock, (VALUES {values}) AS v (type, cid, payload, audience, created_at)"
             ),
-            _ => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {values}"),
+            Backend::Postgres => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {values}"),
+            // SQLite's one writer numbers the rows of a statement one after another in the
+            // order of its `VALUES` (AUTOINCREMENT: the highest `seq` so far, plus one).
+            Backend::Sqlite => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {values} RETURNING seq"),
         };
+        first = false;
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (kind, cid, payload, audience, created_at) in chunk {
-            q = q.bind(kind.clone()).bind(cid.clone()).bind(payload.clone()).bind(audience.clone()).bind(*created_at);
+        for (ev, payload, audience) in &chunk {
+            let e = &ev.event;
+            q = q.bind(e.kind.clone()).bind(e.cid.clone()).bind(payload.clone()).bind(audience.clone()).bind(e.created_at);
         }
-        q.execute(crate::counted(&mut **tx)).await?;
+        match backend {
+            Backend::Postgres => {
+                q.execute(crate::counted(&mut **tx)).await?;
+            }
+            Backend::Sqlite => {
+                let seqs: Vec<i64> = q.fetch_all(crate::counted(&mut **tx)).await?.iter().map(|r| sqlx::Row::get(r, 0)).collect();
+                written.numbered(&seqs, chunk);
+            }
+        }
     }
-    Ok(())
+    Ok(written)
+}
+
+/// SQLite: a committing transaction's events with their `seq`, for [`Recent`]. Empty on
+/// PostgreSQL, and when a statement's numbers were not the run its rows were expected to get.
+#[derive(Default)]
+pub(crate) struct Written {
+    /// Each event with the length of its stored payload.
+    events: Vec<(std::sync::Arc<OutboxEvent>, usize)>,
+    unnumbered: bool,
+}
+
+impl Written {
+    /// Numbers the events of one statement by the `seq` it returned for their rows.
+    fn numbered(&mut self, seqs: &[i64], chunk: Vec<(OutboxEvent, String, String)>) {
+        let (Some(&first), Some(&last)) = (seqs.iter().min(), seqs.iter().max()) else {
+            self.unnumbered = true;
+            return;
+        };
+        if last - first + 1 != chunk.len() as i64 || seqs.len() != chunk.len() {
+            self.unnumbered = true;
+            return;
+        }
+        for (seq, (mut ev, payload, _)) in (first..).zip(chunk) {
+            ev.seq = seq;
+            self.events.push((std::sync::Arc::new(ev), payload.len()));
+        }
+    }
+}
+
+/// The most events, and the most bytes of their payloads, [`Recent`] keeps.
+const RECENT_EVENTS: usize = 2_048;
+const RECENT_BYTES: usize = 16 << 20;
+
+/// SQLite: the events this process committed last, in `seq` order, as they were before they
+/// were written. This process's consumers (the WebSocket fan-out, the webhook relay) take them
+/// from here instead of reading back and parsing what was just written: an agent's streamed
+/// answer is thousands of `message.updated` events a second, each carrying the whole message
+/// (BENCHMARKS.md, nineteenth session). Only an unbroken run of `seq` right after a consumer's
+/// cursor is served from here; anything else (an event another process or store wrote, one
+/// pushed out by newer ones) is read from the database. Every transaction of this process
+/// commits on the one writer, in `seq` order, and its events are kept before the write lock is
+/// released. Not on PostgreSQL, whose writers' `seq` order is not their commit order ([`append`]).
+#[derive(Default)]
+pub(crate) struct Recent {
+    kept: std::sync::Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    events: std::collections::VecDeque<(std::sync::Arc<OutboxEvent>, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    /// Keeps a committed transaction's events (on the writer, before its lock is released).
+    pub(crate) fn keep(&self, written: Written) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if written.unnumbered {
+            // Its events cannot be served from here; neither can any kept after them.
+            *kept = Kept::default();
+            return;
+        }
+        for (ev, size) in written.events {
+            if kept.events.back().is_some_and(|(last, _)| last.seq >= ev.seq) {
+                *kept = Kept::default();
+            }
+            kept.bytes += size;
+            kept.events.push_back((ev, size));
+        }
+        while kept.events.len() > RECENT_EVENTS || kept.bytes > RECENT_BYTES {
+            let Some((_, size)) = kept.events.pop_front() else { break };
+            kept.bytes -= size;
+        }
+    }
+
+    /// The kept events with `seq > after`, up to `limit`, when the first of them is `after + 1`;
+    /// they end before the first number missing from the run. `None` when there are none.
+    fn after(&self, after: i64, limit: usize) -> Option<Vec<std::sync::Arc<OutboxEvent>>> {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let start = kept.events.partition_point(|(ev, _)| ev.seq <= after);
+        let mut out: Vec<std::sync::Arc<OutboxEvent>> = Vec::new();
+        for (ev, _) in kept.events.range(start..).take(limit) {
+            if ev.seq != out.last().map_or(after, |l| l.seq) + 1 {
+                break;
+            }
+            out.push(ev.clone());
+        }
+        (!out.is_empty()).then_some(out)
+    }
 }
 
 /// Tells other processes on PostgreSQL that events were committed: one `NOTIFY
@@ -179,8 +284,13 @@ impl OutboxRow {
 impl Store {
     /// Events with `seq > after`, oldest first, up to the outbox horizon on PostgreSQL: a
     /// consumer that moves its cursor to the last one never passes over an event that commits
-    /// later (see [`append`]).
-    pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<OutboxEvent>> {
+    /// later (see [`append`]). On SQLite the events this process committed last come from
+    /// memory when they follow `after` without a gap ([`Recent`]).
+    pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<std::sync::Arc<OutboxEvent>>> {
+        if let Some(kept) = self.recent.as_ref().and_then(|r| r.after(after, limit.max(0) as usize)) {
+            metrics::counter!("offshoot_outbox_events_read_total", "from" => "memory").increment(kept.len() as u64);
+            return Ok(kept);
+        }
         let horizon = outbox_horizon(self).await?.unwrap_or(i64::MAX);
         let rows: Vec<OutboxRow> =
             sqlx::query_as("SELECT seq, payload, audience FROM event WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3")
@@ -189,7 +299,8 @@ impl Store {
                 .bind(limit)
                 .fetch_all(crate::counted(self.pool()))
                 .await?;
-        Ok(rows.into_iter().map(OutboxRow::decode).collect())
+        metrics::counter!("offshoot_outbox_events_read_total", "from" => "database").increment(rows.len() as u64);
+        Ok(rows.into_iter().map(|r| std::sync::Arc::new(r.decode())).collect())
     }
 
     /// What [`Store::events_after`] would return, without the events: the last `seq` (none when
@@ -323,4 +434,50 @@ async fn record_ai_state(tx: &mut Tx, event: &Event) -> Result<()> {
         _ => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn written(seqs: impl IntoIterator<Item = i64>, size: usize) -> Written {
+        let events =
+            seqs.into_iter().map(|seq| (Arc::new(OutboxEvent { seq, event: Event::default(), audience: Audience::default() }), size));
+        Written { events: events.collect(), unnumbered: false }
+    }
+
+    fn seqs(events: Option<Vec<Arc<OutboxEvent>>>) -> Vec<i64> {
+        events.unwrap_or_default().iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn recent_serves_the_unbroken_run_after_a_cursor_and_nothing_else() {
+        let recent = Recent::default();
+        recent.keep(written([3, 4, 5], 10));
+        recent.keep(written([7, 8], 10));
+        assert_eq!(seqs(recent.after(2, 10)), vec![3, 4, 5]);
+        assert_eq!(seqs(recent.after(3, 1)), vec![4], "up to the limit");
+        assert_eq!(seqs(recent.after(5, 10)), Vec::<i64>::new(), "6 was written elsewhere");
+        assert_eq!(seqs(recent.after(6, 10)), vec![7, 8]);
+        assert_eq!(seqs(recent.after(1, 10)), Vec::<i64>::new(), "2 is not kept");
+        assert_eq!(seqs(recent.after(8, 10)), Vec::<i64>::new(), "nothing newer is known here");
+    }
+
+    #[test]
+    fn recent_keeps_a_bounded_number_and_size_and_forgets_after_an_unnumbered_commit() {
+        let recent = Recent::default();
+        recent.keep(written(1..=(RECENT_EVENTS as i64 + 5), 1));
+        assert_eq!(seqs(recent.after(0, 10)), Vec::<i64>::new(), "the oldest went");
+        assert_eq!(seqs(recent.after(5, 2)), vec![6, 7]);
+        recent.keep(written([10_000, 10_001, 10_002], RECENT_BYTES / 2));
+        assert_eq!(seqs(recent.after(10_000, 10)), vec![10_001, 10_002]);
+        assert_eq!(seqs(recent.after(9_999, 10)), Vec::<i64>::new(), "the oldest went for the size");
+        assert_eq!(seqs(recent.after(5, 10)), Vec::<i64>::new(), "so did every smaller one");
+        recent.keep(written([50], 1));
+        assert_eq!(seqs(recent.after(49, 10)), vec![50], "a number below the kept ones starts over");
+        assert_eq!(seqs(recent.after(10_001, 10)), Vec::<i64>::new());
+        recent.keep(Written { events: Vec::new(), unnumbered: true });
+        assert_eq!(seqs(recent.after(49, 10)), Vec::<i64>::new(), "a commit without numbers ends what is known");
+    }
 }

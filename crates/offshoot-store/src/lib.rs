@@ -272,6 +272,8 @@ pub struct Store {
     sends: Arc<batch::Groups<batch::QueuedSend>>,
     /// The outbox horizon reads this process's consumers share (`events.rs`).
     horizon: Arc<events::Horizon>,
+    /// SQLite: the events this process committed last, for its consumers (`events.rs`).
+    recent: Option<Arc<events::Recent>>,
 }
 
 /// A write transaction. Events are collected while it runs and written to the outbox when it
@@ -315,12 +317,15 @@ impl Tx {
     }
 
     pub(crate) async fn commit(self, store: &Store) -> Result<()> {
-        let Tx { mut tx, backend, events, .. } = self;
+        let Tx { mut tx, backend, events, _guard, .. } = self;
         let wrote = !events.is_empty();
-        if wrote {
-            events::append(&mut tx, backend, events).await?;
-        }
+        let written = events::append(&mut tx, backend, events).await?;
         tx.commit().await?;
+        if let Some(recent) = &store.recent {
+            // Before the write lock is released: kept in the order of commit, which is `seq` order.
+            recent.keep(written);
+        }
+        drop(_guard);
         if wrote {
             store.events.notify_waiters();
             store.announce.notify_one();
@@ -589,6 +594,7 @@ impl Store {
             updates: Arc::new(batch::Groups::new(group_writers(backend))),
             sends: Arc::new(batch::Groups::new(group_writers(backend))),
             horizon: Arc::default(),
+            recent: (backend == Backend::Sqlite).then(Arc::default),
         })
     }
 

@@ -239,7 +239,7 @@ async fn queue_new(shared: &Shared, cursor: &mut Cursor) -> Result<(), BoxDynErr
 async fn delivery_jobs(
     store: &Store,
     settings: &AppSettings,
-    batch: &[OutboxEvent],
+    batch: &[std::sync::Arc<OutboxEvent>],
 ) -> Result<Vec<(DeliveryJob, ulid::Ulid, Duration)>, BoxDynError> {
     let dialect = webhook_dialect(settings);
     let now = time::now();

@@ -264,6 +264,79 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
     .await;
 }
 
+/// On SQLite a process's consumers take the events it committed from memory (`events.rs`,
+/// `Recent`), as they were before they were written. What they read must be what any other
+/// process reads from the outbox: every kind of change, several events in one statement (sends
+/// written together), and the same `seq` for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_reads_its_own_events_as_another_process_reads_them() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "mem", &["amy", "ben"]).await;
+        let cid = ch.cid.clone();
+        let mut first = msg("m0", "hello \"quoted\" \u{1F600}\n");
+        first.custom = json!({"n": 1.25, "deep": {"list": [1, "two", null]}}).as_object().cloned().expect("object");
+        s.send_message(&cid, &first, &user("amy")).await.expect("send");
+        // Sends at once, written in groups: several events in one statement.
+        let sends = (1..24).map(|i| {
+            let (s, cid) = (s.clone(), cid.clone());
+            tokio::spawn(async move { s.send_message(&cid, &msg(&format!("m{i}"), &format!("text {i}")), &user("ben")).await })
+        });
+        for send in sends.collect::<Vec<_>>() {
+            send.await.expect("task").expect("send");
+        }
+        s.update_message("m0", &user("amy"), |m| {
+            m.text = "hello again".into();
+            Ok(())
+        })
+        .await
+        .expect("edit");
+        s.add_reaction("m1", &Reaction { kind: "like".into(), score: 1, ..Default::default() }, false, &user("amy")).await.expect("react");
+        s.delete_message("m2", false, Some(&user("ben"))).await.expect("delete message");
+        s.add_members(&cid, &[member("cy")], None).await.expect("add member");
+        s.mark_read(&cid, &user("amy"), None).await.expect("read");
+
+        let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
+        let own = events_since(s, 0).await;
+        assert!(own.len() > 30, "{} events", own.len());
+        assert_eq!(events_since(&other, 0).await, own);
+        other.close().await;
+    })
+    .await;
+}
+
+/// The events served from memory are exactly the run right after the cursor: an event another
+/// process wrote in between is read from the database, in its place. On SQLite the memory is
+/// seen by taking the rows away: the process that wrote them still reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_reads_from_memory_only_the_unbroken_run_of_its_own_events() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
+        let start = s.last_event_seq().await.expect("seq");
+        s.publish(custom_event("custom.own", 1), watchers_and_hooks("agent:x")).await.expect("publish");
+        s.publish(custom_event("custom.own", 2), watchers_and_hooks("agent:x")).await.expect("publish");
+        other.publish(custom_event("custom.other", 3), watchers_and_hooks("agent:x")).await.expect("publish");
+        s.publish(custom_event("custom.own", 4), watchers_and_hooks("agent:x")).await.expect("publish");
+        let n = |events: &[offshoot_core::model::OutboxEvent]| -> Vec<i64> {
+            events.iter().map(|e| e.event.extra["n"].as_i64().expect("n")).collect()
+        };
+        assert_eq!(n(&events_since(s, start).await), vec![1, 2, 3, 4]);
+        assert_eq!(n(&events_since(&other, start).await), vec![1, 2, 3, 4]);
+
+        let later = time::now() + 1_000_000_000;
+        assert_eq!(other.prune_events(later).await.expect("prune"), 4, "no cursor: every old event goes");
+        assert!(events_since(&other, start).await.is_empty());
+        let own = n(&events_since(s, start).await);
+        match s.backend() {
+            offshoot_store::Backend::Sqlite => assert_eq!(own, vec![1, 2], "the run before the other process's event"),
+            offshoot_store::Backend::Postgres => assert!(own.is_empty(), "PostgreSQL reads the outbox only"),
+        }
+        other.close().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn pruning_deletes_only_old_events_every_cursor_passed() {
     with_store(|ctx| async move {
@@ -277,8 +350,12 @@ async fn pruning_deletes_only_old_events_every_cursor_passed() {
         assert_eq!(s.prune_events(time::now() - 3_600 * 1_000_000_000).await.expect("prune"), 0, "nothing is old enough");
         let deleted = s.prune_events(later).await.expect("prune");
         assert_eq!(deleted, 3, "the events the cursor passed go");
-        let left: Vec<i64> = s.events_after(start, 10).await.expect("events").iter().map(|e| e.seq).collect();
+        // Read as another process reads the outbox (this one keeps its recent events in memory
+        // on SQLite, `events.rs`).
+        let other = Store::connect(&ctx.url).await.expect("a second store");
+        let left: Vec<i64> = other.events_after(start, 10).await.expect("events").iter().map(|e| e.seq).collect();
         assert_eq!(left, vec![events[3].seq], "an unread event stays");
+        other.close().await;
     })
     .await;
 }
@@ -413,7 +490,7 @@ async fn a_consumer_following_racing_writers_reads_every_event_once_in_order() {
                         cursor = last.seq;
                     }
                     let empty = page.is_empty();
-                    read.extend(page);
+                    read.extend(page.iter().map(|e| offshoot_core::model::OutboxEvent::clone(e)));
                     if finished && empty {
                         return read;
                     }

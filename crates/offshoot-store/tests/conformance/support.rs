@@ -314,7 +314,7 @@ pub async fn events_since(store: &Store, mut seq: i64) -> Vec<OutboxEvent> {
         let page = store.events_after(seq, 500).await.expect("events_after");
         let Some(last) = page.last() else { return out };
         seq = last.seq;
-        out.extend(page);
+        out.extend(page.iter().map(|e| OutboxEvent::clone(e)));
     }
 }
 
