@@ -939,31 +939,21 @@ struct BackfillPlan {
 /// held the one write lock, and every request waited for it (BENCHMARKS.md, figure c).
 async fn compute_plan(conn: &mut AnyConnection, source: &Channel, point: (i64, &str)) -> Result<BackfillPlan> {
     let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
+    // One walk of the newest `MAX_COPIED + 1` eligible messages: how many there are (at most
+    // one past the cap, which says the cap truncates the history) and the one at the cap. A
+    // walk to the cap and a second one to count a source under it took 14 and 9 ms of a
+    // 10,000-message fork's backfill on PostgreSQL (BENCHMARKS.md, nineteenth session).
+    let cap = plan::MAX_COPIED;
     let sql = format!(
-        "SELECT m.created_at, m.id FROM message m WHERE {ELIGIBLE} ORDER BY m.created_at DESC, m.id DESC LIMIT 1 OFFSET {}",
-        plan::MAX_COPIED - 1
+        "SELECT COUNT(*), MAX(CASE WHEN newest.n = {cap} THEN newest.created_at END), MAX(CASE WHEN newest.n = {cap} THEN newest.id END) \
+         FROM (SELECT m.created_at, m.id, ROW_NUMBER() OVER (ORDER BY m.created_at DESC, m.id DESC) AS n FROM message m WHERE {ELIGIBLE} \
+         ORDER BY m.created_at DESC, m.id DESC LIMIT {}) AS newest",
+        cap + 1
     );
-    let boundary: Option<(i64, String)> =
-        sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_optional(crate::counted(&mut *conn)).await?;
-    let truncated = match &boundary {
-        Some(b) => {
-            let sql = format!("SELECT m.id FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) LIMIT 1");
-            let mut bb = binds.clone();
-            bb.push(Bind::I(b.0));
-            bb.push(Bind::S(b.1.clone()));
-            sqlx::query_with(AssertSqlSafe(sql), arguments(&bb)?).fetch_optional(crate::counted(&mut *conn)).await?.is_some()
-        }
-        None => false,
-    };
-    // With a boundary, exactly MAX_COPIED eligible messages lie at or after it.
-    let total = match &boundary {
-        Some(_) => plan::MAX_COPIED,
-        None => {
-            let sql = format!("SELECT COUNT(*) FROM message m WHERE {ELIGIBLE}");
-            sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *conn)).await?
-        }
-    };
-    Ok(BackfillPlan { boundary, truncated, total })
+    let (count, at, id): (i64, Option<i64>, Option<String>) =
+        sqlx::query_as_with(AssertSqlSafe(sql), arguments(&binds)?).fetch_one(crate::counted(&mut *conn)).await?;
+    let boundary = at.zip(id);
+    Ok(BackfillPlan { boundary, truncated: count > cap, total: count.min(cap) })
 }
 
 /// Records the plan on the fork row (its first page) and returns the boundary.

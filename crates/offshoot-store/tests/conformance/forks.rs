@@ -373,6 +373,28 @@ async fn a_fork_of_more_than_10000_messages_keeps_the_newest_10000_and_is_marked
     .await;
 }
 
+/// Exactly 10,000 messages up to the fork point: every one is copied, and nothing is cut off.
+#[tokio::test]
+async fn a_fork_of_exactly_10000_messages_copies_them_all_and_is_not_truncated() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let src = agent_channel(s, "exact", &[]).await;
+        let n = MAX_COPIED as usize;
+        let ids = seed(s, &src.cid, "amy", "c", n, BASE_TS).await;
+        fork(s, &src.cid, &ids[n - 1], "ex").await;
+        let fc = "agent:ex";
+        backfill_to_end(s, fc, BACKFILL_PAGE).await;
+        let done = summary(s, fc).await;
+        assert_eq!(done.status, ForkStatus::Completed);
+        assert!(!done.truncated, "10,000 messages fit under the cap");
+        assert_eq!((done.copied_message_count, done.total_message_count), (MAX_COPIED, Some(MAX_COPIED)));
+        assert_eq!(done.oldest_source_message_id, None, "only a capped fork names its oldest source message");
+        let lookup = s.fork_message_ids(fc, &ids[..2]).await.expect("lookup");
+        assert_eq!(lookup.keys().cloned().collect::<Vec<_>>(), ids[..2].to_vec(), "the oldest messages are copied");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_retry_returns_the_existing_fork_and_another_message_into_the_same_target_conflicts() {
     with_store(|ctx| async move {
