@@ -941,7 +941,7 @@ async fn compute_plan(conn: &mut AnyConnection, source: &Channel, point: (i64, &
     let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
     // One walk of the newest `MAX_COPIED + 1` eligible messages: how many there are (at most
     // one past the cap, which says the cap truncates the history) and the one at the cap. A
-    // walk to the cap and a second one to count a source under it took 14 and 9 ms of a
+    // walk to the cap and a second one to count a source under it took 8–15 and 6–10 ms of a
     // 10,000-message fork's backfill on PostgreSQL (BENCHMARKS.md, nineteenth session).
     let cap = plan::MAX_COPIED;
     let sql = format!(

@@ -62,8 +62,14 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     };
     let mut router = axum::Router::new();
     if config.roles.api {
-        let mut state = offshoot_api::ApiState::new(store.clone(), api_key.clone(), api_secret.clone(), watchers, Arc::new(queue.clone()));
-        state.max_body = config.max_body_bytes;
+        let state = offshoot_api::ApiState::with_max_body(
+            store.clone(),
+            api_key.clone(),
+            api_secret.clone(),
+            watchers,
+            Arc::new(queue.clone()),
+            config.max_body_bytes,
+        );
         router = router.merge(offshoot_api::router(state));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
