@@ -44,6 +44,8 @@ const API_SECRET: &str = "bench-secret-0123456789abcdef0123456789abcdef";
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// Requests in flight while a source is written.
 const SEED_CONCURRENCY: usize = 32;
+/// Forks (and floors) of figure b, at least, in a full run.
+const B_REPS: usize = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -467,8 +469,13 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
 /// b. Fork to completion (`channel.forked` is written in the transaction that completes the
 /// task) against the floor. Returns a completed fork's id.
 async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, report: &mut Report) -> Result<String> {
+    // Five of each unless `--quick`: the floor alone varied by 2.4× within one run of three
+    // (BENCHMARKS.md, nineteenth session). The forks first, then the floors: a floor right after
+    // each fork made both about a fifth slower on PostgreSQL (the other's writes still being
+    // flushed), and the figures no longer comparable with earlier runs.
+    let reps = if args.quick { args.reps } else { args.reps.max(B_REPS) };
     let cpu = cpu::Mark::now();
-    let done = to_completion(&server.api, source, args.reps, "full").await?;
+    let done = to_completion(&server.api, source, reps, "full").await?;
     let (med, copied) = (done.median(), done.copied);
     report.add(format!(
         "b. fork to channel.forked, realistic {}-message source: median {} ({copied} copied, {:.0} messages/s; runs: {}{})",
@@ -478,10 +485,9 @@ async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, 
         done.runs(),
         cpu::note("; ", cpu::since(cpu))
     ));
-    let last = done.last;
     let mut floors = Vec::new();
-    for rep in 0..args.reps {
-        floors.push(floor_copy(server, &source.id, &last, &format!("floor-{rep}")).await?);
+    for rep in 0..reps {
+        floors.push(floor_copy(server, &source.id, &done.last, &format!("floor-{rep}")).await?);
     }
     let floor = median(&floors);
     let ratio = med.as_secs_f64() / floor.as_secs_f64();
@@ -491,7 +497,7 @@ async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, 
         floors.iter().map(|t| ms(*t)).collect::<Vec<_>>().join(", "),
         goal(ratio <= 2.0)
     ));
-    Ok(last)
+    Ok(done.last)
 }
 
 /// Forks timed from the request to their completion (`GET /tasks/{id}` says `completed`).
