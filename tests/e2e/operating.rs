@@ -79,6 +79,11 @@ async fn metrics_show_requests_forks_backfill_pages_and_failing_webhooks_moving(
     grew("offshoot_backfill_pages_total", &[]);
     grew("offshoot_backfill_messages_copied_total", &[]);
     grew("offshoot_webhook_retries_total", &[]);
+    // The seed's sends were written in groups; the webhook relay read their events.
+    grew("offshoot_write_groups_total", &["kind=\"send\""]);
+    grew("offshoot_write_group_writes_total", &["kind=\"send\""]);
+    grew("offshoot_write_group_seconds_count", &["kind=\"send\""]);
+    grew("offshoot_outbox_events_read_total", &[]);
     for (name, labels) in [
         ("offshoot_backfill_lag_seconds", &[][..]),
         ("offshoot_queue_jobs", &["queue=\"webhook\""][..]),

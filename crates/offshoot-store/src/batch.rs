@@ -38,6 +38,8 @@ pub(crate) type Change = Arc<ChangeFn>;
 /// A kind of write that is written in groups.
 pub(crate) trait Work: Sized + Send + Sync + 'static {
     type Output: Send + 'static;
+    /// The `kind` label of this kind's group metrics.
+    const KIND: &'static str;
     /// The store's queue of this kind.
     fn groups(store: &Store) -> &Groups<Self>;
     /// What two groups being written at once must not both hold (a message's updates), if any.
@@ -67,6 +69,7 @@ pub(crate) struct QueuedSend {
 
 impl Work for QueuedUpdate {
     type Output = Message;
+    const KIND: &'static str = "update";
 
     fn groups(store: &Store) -> &Groups<Self> {
         &store.updates
@@ -88,6 +91,7 @@ impl Work for QueuedUpdate {
 impl Work for QueuedSend {
     /// The message as written, and its channel's truncation (to hydrate it).
     type Output = (Message, Option<i64>);
+    const KIND: &'static str = "send";
 
     fn groups(store: &Store) -> &Groups<Self> {
         &store.sends
@@ -259,7 +263,12 @@ impl Store {
             // goes on with the queue (which would otherwise wait for the next write to arrive).
             let started = std::time::Instant::now();
             let written = AssertUnwindSafe(crate::count_statements(write_group(&self, &works))).catch_unwind().await;
-            tracing::debug!(target: "offshoot_store::groups", writes = works.len(), micros = started.elapsed().as_micros() as u64, "group written");
+            let took = started.elapsed();
+            tracing::debug!(target: "offshoot_store::groups", writes = works.len(), micros = took.as_micros() as u64, "group written");
+            // A writer's seconds per second is how busy it is (README "Operating").
+            metrics::counter!("offshoot_write_groups_total", "kind" => W::KIND).increment(1);
+            metrics::counter!("offshoot_write_group_writes_total", "kind" => W::KIND).increment(works.len() as u64);
+            metrics::histogram!("offshoot_write_group_seconds", "kind" => W::KIND).record(took.as_secs_f64());
             let Ok((outcomes, statements)) = written else {
                 tracing::error!(writes = works.len(), "writing a group of message writes panicked; its writes fail");
                 continue;
