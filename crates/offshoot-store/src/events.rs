@@ -58,9 +58,12 @@ pub(crate) async fn append(
         };
         first = false;
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for (ev, payload, audience) in &chunk {
-            let e = &ev.event;
-            q = q.bind(e.kind.clone()).bind(e.cid.clone()).bind(payload.clone()).bind(audience.clone()).bind(e.created_at);
+        // The texts are moved into the statement; each event keeps its payload's length.
+        let mut sized = Vec::with_capacity(chunk.len());
+        for (ev, payload, audience) in chunk {
+            let size = payload.len();
+            q = q.bind(ev.event.kind.clone()).bind(ev.event.cid.clone()).bind(payload).bind(audience).bind(ev.event.created_at);
+            sized.push((ev, size));
         }
         match backend {
             Backend::Postgres => {
@@ -68,7 +71,7 @@ pub(crate) async fn append(
             }
             Backend::Sqlite => {
                 let seqs: Vec<i64> = q.fetch_all(crate::counted(&mut **tx)).await?.iter().map(|r| sqlx::Row::get(r, 0)).collect();
-                written.numbered(&seqs, chunk);
+                written.numbered(&seqs, sized);
             }
         }
     }
@@ -76,28 +79,25 @@ pub(crate) async fn append(
 }
 
 /// SQLite: a committing transaction's events with their `seq`, for [`Recent`]. Empty on
-/// PostgreSQL, and when a statement's numbers were not the run its rows were expected to get.
+/// PostgreSQL. A statement whose numbers were not the run its rows were expected to get adds
+/// none: its events are then numbers [`Recent`] does not hold, read from the table.
 #[derive(Default)]
 pub(crate) struct Written {
     /// Each event with the length of its stored payload.
     events: Vec<(std::sync::Arc<OutboxEvent>, usize)>,
-    unnumbered: bool,
 }
 
 impl Written {
-    /// Numbers the events of one statement by the `seq` it returned for their rows.
-    fn numbered(&mut self, seqs: &[i64], chunk: Vec<(OutboxEvent, String, String)>) {
-        let (Some(&first), Some(&last)) = (seqs.iter().min(), seqs.iter().max()) else {
-            self.unnumbered = true;
-            return;
-        };
+    /// Numbers the events of one statement (each with its payload's length) by the `seq` it
+    /// returned for their rows.
+    fn numbered(&mut self, seqs: &[i64], chunk: Vec<(OutboxEvent, usize)>) {
+        let (Some(&first), Some(&last)) = (seqs.iter().min(), seqs.iter().max()) else { return };
         if last - first + 1 != chunk.len() as i64 || seqs.len() != chunk.len() {
-            self.unnumbered = true;
             return;
         }
-        for (seq, (mut ev, payload, _)) in (first..).zip(chunk) {
+        for (seq, (mut ev, size)) in (first..).zip(chunk) {
             ev.seq = seq;
-            self.events.push((std::sync::Arc::new(ev), payload.len()));
+            self.events.push((std::sync::Arc::new(ev), size));
         }
     }
 }
@@ -129,12 +129,10 @@ struct Kept {
 impl Recent {
     /// Keeps a committed transaction's events (on the writer, before its lock is released).
     pub(crate) fn keep(&self, written: Written) {
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        if written.unnumbered {
-            // Its events cannot be served from here; neither can any kept after them.
-            *kept = Kept::default();
+        if written.events.is_empty() {
             return;
         }
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         for (ev, size) in written.events {
             if kept.events.back().is_some_and(|(last, _)| last.seq >= ev.seq) {
                 *kept = Kept::default();
@@ -444,7 +442,7 @@ mod tests {
     fn written(seqs: impl IntoIterator<Item = i64>, size: usize) -> Written {
         let events =
             seqs.into_iter().map(|seq| (Arc::new(OutboxEvent { seq, event: Event::default(), audience: Audience::default() }), size));
-        Written { events: events.collect(), unnumbered: false }
+        Written { events: events.collect() }
     }
 
     fn seqs(events: Option<Vec<Arc<OutboxEvent>>>) -> Vec<i64> {
@@ -465,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn recent_keeps_a_bounded_number_and_size_and_forgets_after_an_unnumbered_commit() {
+    fn recent_keeps_a_bounded_number_and_size() {
         let recent = Recent::default();
         recent.keep(written(1..=(RECENT_EVENTS as i64 + 5), 1));
         assert_eq!(seqs(recent.after(0, 10)), Vec::<i64>::new(), "the oldest went");
@@ -477,7 +475,5 @@ mod tests {
         recent.keep(written([50], 1));
         assert_eq!(seqs(recent.after(49, 10)), vec![50], "a number below the kept ones starts over");
         assert_eq!(seqs(recent.after(10_001, 10)), Vec::<i64>::new());
-        recent.keep(Written { events: Vec::new(), unnumbered: true });
-        assert_eq!(seqs(recent.after(49, 10)), Vec::<i64>::new(), "a commit without numbers ends what is known");
     }
 }
