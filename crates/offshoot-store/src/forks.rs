@@ -822,15 +822,25 @@ impl Store {
     /// source's truncation it was made for; `None` when the fork is planned (every page but the
     /// first), gone, finished or its source is gone.
     async fn plan_early(&self, fork_cid: &str) -> Result<Option<(Option<i64>, BackfillPlan)>> {
+        let unplanned = |f: &ForkRow| !f.planned && f.summary.status == ForkStatus::Backfilling;
+        {
+            let mut conn = self.pool().acquire().await?;
+            match load_fork_row(&mut conn, fork_cid).await? {
+                Some(f) if unplanned(&f) => {}
+                _ => return Ok(None),
+            }
+        }
+        // Tens of milliseconds of a connection's thread (SQLite) or a database process: several
+        // forks starting at once plan one after another, leaving requests a core (BENCHMARKS.md,
+        // figure c). The turn is taken holding no connection, so waiting plans cannot take the
+        // connections the work in its turn needs.
+        let _turn = self.background_turn().await;
         // A read-only transaction only to plan its statements with their values (PostgreSQL).
         let mut conn = self.pool().begin().await?;
         if self.backend() == crate::Backend::Postgres {
             crate::custom_plans(&mut conn).await?;
         }
-        let Some(f) = load_fork_row(&mut conn, fork_cid).await? else { return Ok(None) };
-        if f.planned || f.summary.status != ForkStatus::Backfilling {
-            return Ok(None);
-        }
+        let Some(f) = load_fork_row(&mut conn, fork_cid).await?.filter(unplanned) else { return Ok(None) };
         let Some(source) = load_channel(&mut conn, &self.cache, &f.summary.source_channel_cid).await? else { return Ok(None) };
         let plan = compute_plan(&mut conn, &source, (f.point_created_at, f.summary.source_message_id.as_str())).await?;
         Ok(Some((source.truncated_at, plan)))

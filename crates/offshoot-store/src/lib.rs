@@ -248,10 +248,12 @@ pub struct Store {
     /// spinning on `SQLITE_BUSY`, requests ahead of backfill pages (`writer.rs`). Other
     /// processes on the same file still meet busy_timeout.
     write_lock: Option<Arc<writer::WriteLock>>,
-    /// PostgreSQL: background pages (fork backfills) running at once in this process, at most
-    /// half the cores. A page is one busy database process for tens of milliseconds; four at
-    /// once on two cores left requests' statements queueing for a core (BENCHMARKS.md, figure c).
-    background_turns: Option<Arc<Semaphore>>,
+    /// Background work running at once in this process, at most half the cores: backfill
+    /// plans on both engines, and on PostgreSQL backfill pages too (SQLite's pages queue on its
+    /// write lock instead). A page or a plan is one busy database process or connection thread
+    /// for tens of milliseconds; four at once on two cores left requests' statements queueing
+    /// for a core (BENCHMARKS.md, figure c).
+    background_turns: Arc<Semaphore>,
     /// SQLite: the one connection this process's write transactions run on (see
     /// [`Store::begin_with`]); `None` on PostgreSQL, whose writers use `pool`.
     writer: Option<AnyPool>,
@@ -413,7 +415,9 @@ const WAL_CAP_FRAMES: i64 = 100_000;
 /// [`WAL_CAP_FRAMES`] and only while no request waits for the lock, and otherwise next round.
 ///
 /// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
-/// backfills (BENCHMARKS.md, thirteenth session). So when the round left frames uncopied, further
+/// backfills (BENCHMARKS.md, thirteenth session). Even with nothing left to copy when the round
+/// began, a restart held it 21–55 ms (the frames written since, and the flushes of both files):
+/// the slowest sends of figure c (twentieth session). So when the round left frames uncopied, further
 /// rounds without the lock first copy most of what the writers added meanwhile.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
     loop {
@@ -458,7 +462,11 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
             Err(_) => break,
         }
     }
+    // How long the restart waited for the lock and held it, for the debug line: a restart's
+    // hold is every writer's wait (BENCHMARKS.md, twentieth session).
+    let asked = std::time::Instant::now();
     let _lock = lock.background().await;
+    let taken = std::time::Instant::now();
     let mut tries = 0;
     let outcome = loop {
         tries += 1;
@@ -471,7 +479,10 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
         }
     };
     match outcome {
-        Ok(restarted) => tracing::debug!(frames, left, restarted, tries, "restarting the SQLite WAL"),
+        Ok(restarted) => {
+            let (waited_ms, held_ms) = ((taken - asked).as_secs_f64() * 1e3, taken.elapsed().as_secs_f64() * 1e3);
+            tracing::debug!(frames, left, restarted, tries, waited_ms, held_ms, "restarting the SQLite WAL")
+        }
         Err(e) => tracing::warn!(error = %e, "restarting the SQLite WAL failed; trying again"),
     }
     Ok(())
@@ -581,10 +592,10 @@ impl Store {
             pool,
             backend,
             write_lock,
-            background_turns: (backend == Backend::Postgres).then(|| {
+            background_turns: {
                 let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
                 Arc::new(Semaphore::new((cores / 2).max(1)))
-            }),
+            },
             writer,
             events: Arc::new(Notify::new()),
             announce,
@@ -683,14 +694,16 @@ impl Store {
     /// requests go first (`writer.rs`) and on PostgreSQL waits for its turn among this process's
     /// pages ([`Store::background_turns`]).
     pub(crate) async fn begin_background(&self) -> Result<Tx> {
-        let guard = match (&self.write_lock, &self.background_turns) {
-            (Some(lock), _) => Some(Turn::Writer { _lock: lock.background().await }),
-            (None, Some(turns)) => {
-                Some(Turn::Background { _turn: turns.clone().acquire_owned().await.expect("the turns are never closed") })
-            }
-            (None, None) => None,
+        let guard = match &self.write_lock {
+            Some(lock) => Turn::Writer { _lock: lock.background().await },
+            None => Turn::Background { _turn: self.background_turn().await },
         };
-        self.begin_with(guard).await
+        self.begin_with(Some(guard)).await
+    }
+
+    /// A turn among this process's background work ([`Store::background_turns`]).
+    pub(crate) async fn background_turn(&self) -> OwnedSemaphorePermit {
+        self.background_turns.clone().acquire_owned().await.expect("the turns are never closed")
     }
 
     /// On SQLite the transaction runs on the store's one writer connection, which has no busy
@@ -988,5 +1001,43 @@ mod tests {
         assert!(StoreError::Retryable(sqlx::Error::PoolTimedOut).is_retryable());
         assert!(!StoreError::from(sqlx::Error::PoolTimedOut).is_retryable(), "a commit of unknown outcome is not run again");
         assert!(!StoreError::Conflict(String::new()).is_retryable());
+    }
+
+    /// A backfill's plan (tens of milliseconds of a database connection) waits for a turn among
+    /// this process's background work, so forks starting at once plan one after another.
+    #[tokio::test]
+    async fn a_backfill_plans_only_in_a_background_turn() {
+        use offshoot_core::model::{NewMessage, User};
+        sqlx::any::install_default_drivers();
+        let path = std::env::temp_dir().join(format!("offshoot-turns-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}?mode=rwc", path.display())).await.expect("store");
+        store.upsert_users(&[UserInput { id: "owner".into(), ..Default::default() }]).await.expect("user");
+        let new = NewChannel { kind: "agent".into(), id: "src".into(), created_by_id: Some("owner".into()), ..Default::default() };
+        store.create_channel(&new).await.expect("channel");
+        let owner = User::placeholder("owner", "user");
+        for i in 0..150 {
+            let m = NewMessage { id: format!("m{i:03}"), kind: "regular".into(), text: format!("message {i}"), ..Default::default() };
+            store.send_message("agent:src", &m, &owner).await.expect("send");
+        }
+        let fork = ForkRequest { source_cid: "agent:src".into(), message_id: "m149".into(), target_id: "dst".into(), ..Default::default() };
+        let out = store.create_fork(&fork).await.expect("fork");
+        assert_eq!(out.fork.status, offshoot_core::model::ForkStatus::Backfilling);
+
+        let mut turns = Vec::new();
+        while store.background_turns.available_permits() > 0 {
+            turns.push(store.background_turn().await);
+        }
+        let step = tokio::spawn({
+            let store = store.clone();
+            async move { store.backfill_step("agent:dst", 20).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!step.is_finished(), "the first step plans, and waits for a turn while every turn is taken");
+        drop(turns);
+        assert_eq!(step.await.expect("step").expect("step"), BackfillStep::More);
+        store.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
     }
 }

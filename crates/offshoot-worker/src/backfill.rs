@@ -134,12 +134,14 @@ pub const MIN_PAGE: i64 = 20;
 const RECENT_TRAFFIC: Duration = Duration::from_secs(1);
 
 /// The size of a backfill's first page: a full page on an idle server (and on PostgreSQL), but
-/// an eighth of one while requests are writing, since a full first page would hold the write
-/// lock for tens of milliseconds before the sizing below learns that requests wait for it
-/// (BENCHMARKS.md, figure c); from there pages grow while nobody waits.
+/// the smallest one while requests are writing, since a larger first page holds the write lock
+/// before the sizing below learns that requests wait for it: first pages of an eighth (125
+/// rows) took 40–90 ms each when four forks started at once, and the sends right after a
+/// round's fork requests were the slowest of figure c (BENCHMARKS.md, twentieth session). From
+/// there pages grow while nobody waits.
 fn first_page_size(since_last_request: Option<Duration>, policy: &BackfillPolicy) -> i64 {
     match since_last_request {
-        Some(since) if since < RECENT_TRAFFIC => (policy.page_size / 8).clamp(MIN_PAGE.min(policy.page_size), policy.page_size.max(1)),
+        Some(since) if since < RECENT_TRAFFIC => MIN_PAGE.min(policy.page_size.max(1)),
         _ => policy.page_size,
     }
 }
@@ -249,9 +251,8 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(first_page_size(None, &policy), 1_000, "no request has written (or PostgreSQL): a full page");
         assert_eq!(first_page_size(Some(ms(5_000)), &policy), 1_000, "idle for a while: a full page");
-        assert_eq!(first_page_size(Some(ms(10)), &policy), 125, "requests writing: an eighth");
-        let small = BackfillPolicy { page_size: 100, ..policy.clone() };
-        assert_eq!(first_page_size(Some(ms(10)), &small), MIN_PAGE, "not below the minimum");
+        assert_eq!(first_page_size(Some(ms(10)), &policy), MIN_PAGE, "requests writing: the smallest page");
+        assert_eq!(first_page_size(Some(ms(999)), &policy), MIN_PAGE);
         let tiny = BackfillPolicy { page_size: 5, ..policy };
         assert_eq!(first_page_size(Some(ms(10)), &tiny), 5, "a page_size below the minimum is kept");
     }
