@@ -22,7 +22,36 @@ pub struct Ctx {
     pub dialect: Dialect,
 }
 
+/// A success body serialised straight from its views, with no `serde_json::Value` tree built
+/// in between: the answers to a message sent or updated, which an agent streaming its answer
+/// asks for twenty times a second, each carrying the whole text so far (BENCHMARKS.md,
+/// twentieth session).
+pub struct Answer(Vec<u8>);
+
+impl axum::response::IntoResponse for Answer {
+    fn into_response(self) -> axum::response::Response {
+        ([(axum::http::header::CONTENT_TYPE, "application/json")], self.0).into_response()
+    }
+}
+
+impl From<axum::Json<Value>> for Answer {
+    fn from(json: axum::Json<Value>) -> Answer {
+        Answer(serde_json::to_vec(&json.0).expect("a JSON value serialises"))
+    }
+}
+
 impl Ctx {
+    /// `{"message": …, "duration": …}`, as [`Ctx::ok`] would give it, without the `Value`.
+    pub fn message_answer(&self, m: &offshoot_core::model::Message) -> Answer {
+        #[derive(serde::Serialize)]
+        struct MessageAnswer<'a> {
+            message: offshoot_core::render::MessageOut<'a>,
+            duration: String,
+        }
+        let body = MessageAnswer { message: offshoot_core::render::MessageOut(self.dialect, m), duration: crate::duration() };
+        Answer(serde_json::to_vec(&body).expect("a view serialises: its keys are strings"))
+    }
+
     /// A success body: `value` plus `duration`.
     pub fn ok(&self, mut value: Value) -> axum::Json<Value> {
         if let Value::Object(o) = &mut value {

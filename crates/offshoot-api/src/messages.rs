@@ -1,7 +1,7 @@
 //! Messages, replies, reactions and threads.
 
 use crate::channels::{load_bare, require_read, DEFAULT_REPLY_LIMIT};
-use crate::ctx::{ApiPath, ApiQuery, Body, ChannelPath, Ctx};
+use crate::ctx::{Answer, ApiPath, ApiQuery, Body, ChannelPath, Ctx};
 use crate::error::ApiResult;
 use crate::input::{self, de, present, required, Actor, MessageInput, Obj, PageInput, Patch, UserRef};
 use crate::state::ApiState;
@@ -23,12 +23,7 @@ pub struct MessageRequest {
 }
 
 /// `POST /channels/{type}/{id}/message`.
-pub async fn send_message(
-    State(st): State<ApiState>,
-    ctx: Ctx,
-    path: ChannelPath,
-    Body(body): Body<MessageRequest>,
-) -> ApiResult<Json<Value>> {
+pub async fn send_message(State(st): State<ApiState>, ctx: Ctx, path: ChannelPath, Body(body): Body<MessageRequest>) -> ApiResult<Answer> {
     let cid = path.cid;
     // A server-side send reads nothing first: the store checks the channel (exists, not
     // deleted, the text's length for its type) under its lock. A user's is checked here first.
@@ -82,12 +77,12 @@ pub async fn send_message(
         return send_ephemeral(&st, &ctx, &ch, new, author).await;
     }
     let m = st.store.send_message(&cid, &new, &author).await?;
-    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
+    Ok(ctx.message_answer(&m))
 }
 
 /// `ephemeral` and `error` messages, as Stream has them: pushed to their author's connections
 /// only (`message.new`), never stored, so no read, query or fork ever returns them.
-async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage, author: User) -> ApiResult<Json<Value>> {
+async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage, author: User) -> ApiResult<Answer> {
     let now = time::now();
     let m = Message {
         id: if new.id.is_empty() { ids::new_id() } else { new.id },
@@ -121,7 +116,7 @@ async fn send_ephemeral(st: &ApiState, ctx: &Ctx, ch: &Channel, new: NewMessage,
         ..Default::default()
     };
     st.store.publish(ev, Audience { watchers_of: None, users: vec![author.id.clone()], webhooks: false, ..Default::default() }).await?;
-    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &m)})))
+    Ok(ctx.message_answer(&m))
 }
 
 /// A message the caller may see, with its channel.
@@ -196,7 +191,7 @@ pub async fn update_message(
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
     Body(body): Body<MessageRequest>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Answer> {
     let msg = present(body.message, "message")?;
     let editor = editor_of(&st, &ctx, &msg.actor, &id).await?;
     // The length is checked against the channel's type, as locked, in the change.
@@ -214,7 +209,7 @@ pub async fn update_message(
             Ok(())
         })
         .await?;
-    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
+    Ok(ctx.message_answer(&updated))
 }
 
 /// A full update: what a message sent as `new` sets replaces `m`'s; `by` pins it.
@@ -336,7 +331,7 @@ pub async fn partial_update_message(
     ctx: Ctx,
     ApiPath(id): ApiPath<String>,
     Body(body): Body<PatchMessageRequest>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Answer> {
     let editor = editor_of(&st, &ctx, &body.actor, &id).await?;
     let (set, unset) = body.patch.into_parts();
     let server = ctx.viewer.is_server();
@@ -348,7 +343,7 @@ pub async fn partial_update_message(
             apply_partial(m, &set, &unset, ch.max_message_length(), &by, server)
         })
         .await?;
-    Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &updated)})))
+    Ok(ctx.message_answer(&updated))
 }
 
 /// `PATCH /messages/{id}/ephemeral`: broadcasts `message.updated` with the change, stores nothing.

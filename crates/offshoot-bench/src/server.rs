@@ -336,6 +336,25 @@ impl Api {
         Ok((value, to_last_byte, parse))
     }
 
+    /// A call whose answer is only checked for success: the body is read, and parsed only to
+    /// report a failure. For the agent streams' updates (figure e), whose answers are the whole
+    /// message so far and are not used: the load generator shares the server's two cores.
+    pub async fn call_unread(&self, method: reqwest::Method, path: &str, body: &impl serde::Serialize) -> Result<()> {
+        let url = format!("{}{path}", self.base);
+        let req = self
+            .http
+            .request(method, url)
+            .query(&[("api_key", API_KEY)])
+            .header("Authorization", &self.token)
+            .header("stream-auth-type", "jwt")
+            .json(body);
+        let resp = req.send().await.with_context(|| path.to_string())?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.with_context(|| path.to_string())?;
+        ensure!(status.is_success(), "{path} answered {status}: {}", String::from_utf8_lossy(&bytes));
+        Ok(())
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         Ok(self.call(reqwest::Method::POST, path, Some(body)).await?.0)
     }

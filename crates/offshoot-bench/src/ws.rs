@@ -474,6 +474,20 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
 
 type Sent = HashMap<(String, i64), Instant>;
 
+/// The body of a stream's partial update (`PUT /messages/{id}`), serialised without a copy of
+/// the text so far.
+#[derive(serde::Serialize)]
+struct Patch<'a> {
+    set: PatchSet<'a>,
+    user_id: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct PatchSet<'a> {
+    text: &'a str,
+    seq: i64,
+}
+
 /// Runs one stream per channel for `secs` seconds; returns when each update was due.
 async fn stream_step(api: &Api, channels: &[String], secs: f64) -> (Result<()>, Sent) {
     let sent: Arc<Mutex<Sent>> = Arc::default();
@@ -506,12 +520,8 @@ async fn stream_step(api: &Api, channels: &[String], secs: f64) -> (Result<()>, 
                 text.push_str(&seed::text(&mut rng, 8, 24));
                 text.push(' ');
                 sent.lock().unwrap_or_else(|e| e.into_inner()).insert((id.clone(), k), due);
-                api.call(
-                    reqwest::Method::PUT,
-                    &format!("/messages/{id}"),
-                    Some(&json!({"set": {"text": text, "seq": k}, "user_id": agent})),
-                )
-                .await?;
+                let patch = Patch { set: PatchSet { text: &text, seq: k }, user_id: agent };
+                api.call_unread(reqwest::Method::PUT, &format!("/messages/{id}"), &patch).await?;
             }
             api.post(
                 &format!("/channels/agent/{channel}/event"),

@@ -181,48 +181,10 @@ pub fn message(d: Dialect, m: &Message) -> Value {
     to_value(MessageOut(d, m))
 }
 
+/// An event as a `Value`, for the callers that edit or embed it ([`EventOut`], with a
+/// `message.new` counting no watchers).
 pub fn event(d: Dialect, e: &Event) -> Value {
-    let mut o = Map::new();
-    o.insert("type".into(), e.kind.clone().into());
-    if let Some(c) = &e.cid {
-        o.insert("cid".into(), c.clone().into());
-    }
-    if let Some(c) = &e.channel_type {
-        o.insert("channel_type".into(), c.clone().into());
-    }
-    if let Some(c) = &e.channel_id {
-        o.insert("channel_id".into(), c.clone().into());
-    }
-    if let Some(u) = &e.user {
-        o.insert("user".into(), user(d, u));
-    }
-    if let Some(c) = &e.channel {
-        o.insert("channel".into(), channel(d, c, &[]));
-    }
-    if let Some(m) = &e.message {
-        o.insert("message_id".into(), m.id.clone().into());
-        o.insert("message".into(), message(d, m));
-    }
-    if let Some(m) = &e.member {
-        o.insert("member".into(), member(d, m));
-    }
-    if let Some(r) = &e.reaction {
-        o.insert("reaction".into(), reaction(d, r));
-    }
-    if let Some(f) = &e.fork {
-        o.insert("fork".into(), fork(d, f));
-    }
-    if let Some(h) = e.hard_delete {
-        o.insert("hard_delete".into(), h.into());
-    }
-    for (k, v) in &e.extra {
-        o.entry(k.clone()).or_insert_with(|| v.clone());
-    }
-    o.insert("created_at".into(), d.ts(e.created_at));
-    if e.kind == "message.new" {
-        o.entry("watcher_count").or_insert(0.into());
-    }
-    Value::Object(o)
+    to_value(EventOut { dialect: d, event: e, watcher_count: 0 })
 }
 
 /// Stream's error envelope (`code`, `message`, `StatusCode`, `duration`, `more_info`,
@@ -374,6 +336,65 @@ impl Serialize for ReactionOut<'_> {
         o.put("created_at", &TsOut(d, r.created_at))?;
         o.put("updated_at", &TsOut(d, r.updated_at))?;
         o.end_with_custom(d, &r.custom)
+    }
+}
+
+/// An event (the wire's event object). Its fields, then the `extra` ones it carries that name
+/// none of them, then `created_at`; a `message.new` that does not carry its own
+/// `watcher_count` gets `watcher_count` (what a WebSocket process counts where it sends it).
+pub struct EventOut<'a> {
+    pub dialect: Dialect,
+    pub event: &'a Event,
+    pub watcher_count: i64,
+}
+
+impl Serialize for EventOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (d, e) = (self.dialect, self.event);
+        let mut o = Obj::new(s)?;
+        o.put("type", &e.kind)?;
+        if let Some(c) = &e.cid {
+            o.put("cid", c)?;
+        }
+        if let Some(c) = &e.channel_type {
+            o.put("channel_type", c)?;
+        }
+        if let Some(c) = &e.channel_id {
+            o.put("channel_id", c)?;
+        }
+        if let Some(u) = &e.user {
+            o.put("user", &UserOut(d, u))?;
+        }
+        if let Some(c) = &e.channel {
+            o.put("channel", &channel(d, c, &[]))?;
+        }
+        if let Some(m) = &e.message {
+            o.put("message_id", &m.id)?;
+            o.put("message", &MessageOut(d, m))?;
+        }
+        if let Some(m) = &e.member {
+            o.put("member", &member(d, m))?;
+        }
+        if let Some(r) = &e.reaction {
+            o.put("reaction", &ReactionOut(d, r))?;
+        }
+        if let Some(f) = &e.fork {
+            o.put("fork", &fork(d, f))?;
+        }
+        if let Some(h) = e.hard_delete {
+            o.put("hard_delete", &h)?;
+        }
+        let own_count = e.kind == "message.new" && !e.extra.contains_key("watcher_count");
+        for (k, v) in &e.extra {
+            if k != "created_at" && !o.keys.contains(&k.as_str()) {
+                o.map.serialize_entry(k, v)?;
+            }
+        }
+        o.put("created_at", &TsOut(d, e.created_at))?;
+        if own_count {
+            o.put("watcher_count", &self.watcher_count)?;
+        }
+        o.map.end()
     }
 }
 
@@ -578,5 +599,64 @@ mod tests {
             assert_eq!(entries, recorded.as_object().expect("object").len(), "{d:?}: a key written twice");
             assert_eq!(message(d, &rich()), recorded, "{d:?}: the Value renderer");
         }
+    }
+
+    /// An event's text, written straight from the views: each key once, its own fields over
+    /// the `extra` keys that name them, `created_at` its own, and a `message.new`'s watcher
+    /// count the one given unless the event carries one.
+    #[test]
+    fn an_event_names_each_key_once_its_own_fields_first() {
+        let extra = obj(json!({"cid": "spoof", "message_id": "spoof", "created_at": "spoof", "ai_state": "AI_STATE_THINKING"}));
+        let ev = Event {
+            kind: "message.new".into(),
+            cid: Some("agent:c".into()),
+            message: Some(rich()),
+            user: Some(person("amy", json!({}))),
+            extra,
+            created_at: 7_000_000_000,
+            ..Default::default()
+        };
+        for d in [Dialect::Legacy, Dialect::V2] {
+            let text = serde_json::to_string(&EventOut { dialect: d, event: &ev, watcher_count: 3 }).expect("text");
+            let v: Value = serde_json::from_str(&text).expect("JSON");
+            assert_eq!(v["cid"], "agent:c");
+            assert_eq!(v["message_id"], "m1");
+            assert_eq!(v["created_at"], d.ts(7_000_000_000));
+            assert_eq!(v["ai_state"], "AI_STATE_THINKING");
+            assert_eq!(v["watcher_count"], 3);
+            assert_eq!(v["message"], message(d, ev.message.as_ref().expect("message")));
+            // No key twice at the top level: a parser keeping the first of each would read the
+            // same object as one keeping the last.
+            let mut first: Map<String, Value> = Map::new();
+            let mut de = serde_json::Deserializer::from_str(&text);
+            let entries: Vec<(String, Value)> = {
+                use serde::de::{Deserializer as _, MapAccess, Visitor};
+                struct Entries;
+                impl<'de> Visitor<'de> for Entries {
+                    type Value = Vec<(String, Value)>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("an object")
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                        let mut out = Vec::new();
+                        while let Some(kv) = a.next_entry::<String, Value>()? {
+                            out.push(kv);
+                        }
+                        Ok(out)
+                    }
+                }
+                (&mut de).deserialize_map(Entries).expect("entries")
+            };
+            for (k, v) in &entries {
+                assert!(first.insert(k.clone(), v.clone()).is_none(), "{k} twice in {text}");
+            }
+            assert_eq!(Value::Object(first), v);
+        }
+        let counted = Event { extra: obj(json!({"watcher_count": 9})), ..ev.clone() };
+        let v = serde_json::to_value(EventOut { dialect: Dialect::V2, event: &counted, watcher_count: 3 }).expect("value");
+        assert_eq!(v["watcher_count"], 9, "an event's own count is kept");
+        let other = Event { kind: "message.updated".into(), ..ev };
+        let v = serde_json::to_value(EventOut { dialect: Dialect::V2, event: &other, watcher_count: 3 }).expect("value");
+        assert!(v.get("watcher_count").is_none(), "only message.new counts watchers");
     }
 }

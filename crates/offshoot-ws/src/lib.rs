@@ -28,7 +28,6 @@ use offshoot_core::model::{Event, OutboxEvent, UnreadCounts, Watchers, UNWATCH_E
 use offshoot_core::render::{self, Dialect};
 use offshoot_store::Store;
 use secrecy::SecretString;
-use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -437,14 +436,10 @@ fn visible_to(event: &Event, user_id: &str) -> bool {
 }
 
 fn render_event(reg: &Registry, dialect: Dialect, event: &Event) -> Utf8Bytes {
-    let mut value = render::event(dialect, event);
-    if let (Value::Object(o), Some(cid)) = (&mut value, &event.cid) {
-        // The watcher count is known here, not where the event was written.
-        if o.contains_key("watcher_count") && !event.extra.contains_key("watcher_count") {
-            o.insert("watcher_count".into(), reg.watcher_count(cid).into());
-        }
-    }
-    Utf8Bytes::from(value.to_string())
+    // The watcher count is known here, not where the event was written.
+    let watcher_count = event.cid.as_deref().map_or(0, |cid| reg.watcher_count(cid) as i64);
+    let out = render::EventOut { dialect, event, watcher_count };
+    Utf8Bytes::from(serde_json::to_string(&out).expect("an event serialises: its keys are strings"))
 }
 
 /// The rendered event (a JSON object's text) with one recipient's unread counters appended as
@@ -467,6 +462,7 @@ fn with_unread(plain: &str, u: &UnreadCounts) -> Utf8Bytes {
 mod tests {
     use super::*;
     use offshoot_core::model::{Audience, Message};
+    use serde_json::Value;
 
     fn message_event(author: &str, shadowed: bool, restricted: &[&str]) -> Event {
         Event {
