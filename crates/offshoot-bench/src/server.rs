@@ -319,9 +319,7 @@ impl Api {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(Value, Duration, Duration)> {
-        let url = format!("{}{path}", self.base);
-        let mut req =
-            self.http.request(method, url).query(&[("api_key", API_KEY)]).header("Authorization", token).header("stream-auth-type", "jwt");
+        let mut req = self.request(token, method, path);
         if let Some(b) = body {
             req = req.json(b);
         }
@@ -336,18 +334,17 @@ impl Api {
         Ok((value, to_last_byte, parse))
     }
 
+    /// A request to the server as `token`, with the API key and auth type every call sends.
+    fn request(&self, token: &str, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}{path}", self.base);
+        self.http.request(method, url).query(&[("api_key", API_KEY)]).header("Authorization", token).header("stream-auth-type", "jwt")
+    }
+
     /// A call whose answer is only checked for success: the body is read, and parsed only to
     /// report a failure. For the agent streams' updates (figure e), whose answers are the whole
     /// message so far and are not used: the load generator shares the server's two cores.
     pub async fn call_unread(&self, method: reqwest::Method, path: &str, body: &impl serde::Serialize) -> Result<()> {
-        let url = format!("{}{path}", self.base);
-        let req = self
-            .http
-            .request(method, url)
-            .query(&[("api_key", API_KEY)])
-            .header("Authorization", &self.token)
-            .header("stream-auth-type", "jwt")
-            .json(body);
+        let req = self.request(&self.token, method, path).json(body);
         let resp = req.send().await.with_context(|| path.to_string())?;
         let status = resp.status();
         let bytes = resp.bytes().await.with_context(|| path.to_string())?;
