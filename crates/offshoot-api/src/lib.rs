@@ -38,7 +38,7 @@ use std::time::Instant;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{Any, CorsLayer};
 
-pub use state::ApiState;
+pub use state::{ApiState, Shared};
 
 /// Request body limit; bigger bodies get Stream's 413 (code 22).
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
