@@ -34,12 +34,6 @@ impl axum::response::IntoResponse for Answer {
     }
 }
 
-impl From<axum::Json<Value>> for Answer {
-    fn from(json: axum::Json<Value>) -> Answer {
-        Answer(serde_json::to_vec(&json.0).expect("a JSON value serialises"))
-    }
-}
-
 impl Ctx {
     /// `{"message": …, "duration": …}`, as [`Ctx::ok`] would give it, without the `Value`.
     pub fn message_answer(&self, m: &offshoot_core::model::Message) -> Answer {
