@@ -339,6 +339,12 @@ impl Serialize for ReactionOut<'_> {
     }
 }
 
+/// Whether an event's text carries the watcher count it is given ([`EventOut`]): a
+/// `message.new` that does not carry its own.
+pub fn counts_watchers(e: &Event) -> bool {
+    e.kind == "message.new" && !e.extra.contains_key("watcher_count")
+}
+
 /// An event (the wire's event object). Its fields, then the `extra` ones it carries that name
 /// none of them, then `created_at`; a `message.new` that does not carry its own
 /// `watcher_count` gets `watcher_count` (what a WebSocket process counts where it sends it).
@@ -384,7 +390,7 @@ impl Serialize for EventOut<'_> {
         if let Some(h) = e.hard_delete {
             o.put("hard_delete", &h)?;
         }
-        let own_count = e.kind == "message.new" && !e.extra.contains_key("watcher_count");
+        let own_count = counts_watchers(e);
         for (k, v) in &e.extra {
             if k != "created_at" && !o.keys.contains(&k.as_str()) {
                 o.map.serialize_entry(k, v)?;

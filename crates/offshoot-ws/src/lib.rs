@@ -436,8 +436,12 @@ fn visible_to(event: &Event, user_id: &str) -> bool {
 }
 
 fn render_event(reg: &Registry, dialect: Dialect, event: &Event) -> Utf8Bytes {
-    // The watcher count is known here, not where the event was written.
-    let watcher_count = event.cid.as_deref().map_or(0, |cid| reg.watcher_count(cid) as i64);
+    // The watcher count is known here, not where the event was written; counted only for the
+    // events that carry it (it walks the channel's watchers).
+    let watcher_count = match event.cid.as_deref() {
+        Some(cid) if render::counts_watchers(event) => reg.watcher_count(cid) as i64,
+        _ => 0,
+    };
     let out = render::EventOut { dialect, event, watcher_count };
     Utf8Bytes::from(serde_json::to_string(&out).expect("an event serialises: its keys are strings"))
 }

@@ -889,3 +889,28 @@ async fn sends_edits_and_backfill_pages_of_two_stores_over_the_same_channels_nei
     })
     .await;
 }
+
+/// A backfill's plan (tens of milliseconds of a database connection) waits for a turn among the
+/// process's background work, so forks starting at once plan one after another. On SQLite only
+/// the plan takes a turn (its pages queue on the write lock), so there the test fails without
+/// it; on PostgreSQL the page takes one as well, and the test checks the step still waits.
+#[tokio::test]
+async fn a_backfill_plans_only_in_a_background_turn() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let src = agent_channel(s, "turns-src", &["amy"]).await;
+        let ids = seed(s, &src.cid, "amy", "t", 150, BASE_TS).await;
+        let out = fork(s, &src.cid, ids.last().expect("seeded"), "turns-dst").await;
+        assert_eq!(out.fork.status, ForkStatus::Backfilling);
+        let turns = s.hold_background_turns().await;
+        let step = tokio::spawn({
+            let s = s.clone();
+            async move { s.backfill_step("agent:turns-dst", 20).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!step.is_finished(), "the first step plans, and waits for a turn while every turn is taken");
+        drop(turns);
+        assert_eq!(step.await.expect("step").expect("step"), BackfillStep::More);
+    })
+    .await;
+}
