@@ -23,6 +23,7 @@
 //! slow machine. Depends on the `offshoot` crate (to run the server) and talks to the database
 //! only to time the floor.
 
+mod checkpoints;
 mod cpu;
 mod seed;
 mod server;
@@ -926,6 +927,10 @@ async fn bench(args: Args) -> Result<()> {
         let mut report = Report::default();
         let started = Instant::now();
         let cpu = cpu::Mark::now();
+        let checkpoints = match backend {
+            Backend::Postgres => Some(checkpoints::Watch::start(&args.pg_url).await?),
+            Backend::Sqlite => None,
+        };
         if args.wants('a') {
             bench_sync(backend, &args, &mut report).await.with_context(|| format!("{}: a. synchronous fork", backend.name()))?;
         }
@@ -934,6 +939,9 @@ async fn bench(args: Args) -> Result<()> {
         }
         if args.wants('d') || args.wants('e') {
             ws::bench_ws(backend, &args, &mut report).await.with_context(|| format!("{}: d, e (WebSocket)", backend.name()))?;
+        }
+        if let Some(watch) = checkpoints {
+            report.add(watch.finish().await);
         }
         println!(
             "  ({} in {:.0} s, load average now {}{})",
