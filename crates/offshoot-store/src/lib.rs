@@ -417,8 +417,10 @@ const WAL_CAP_FRAMES: i64 = 100_000;
 /// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
 /// backfills (BENCHMARKS.md, thirteenth session). Even with nothing left to copy when the round
 /// began, a restart held it 21–55 ms (the frames written since, and the flushes of both files):
-/// the slowest sends of figure c (twentieth session). So when the round left frames uncopied, further
-/// rounds without the lock first copy most of what the writers added meanwhile.
+/// the slowest sends of figure c (twentieth session): the frames written during the round.
+/// So before it takes the lock, further rounds copy what the writers added meanwhile, with the
+/// backfills' pages held back ([`writer::WriteLock::pause_background`]), until a round copies
+/// few.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
     loop {
         tokio::time::sleep(CHECKPOINT_EVERY).await;
@@ -450,22 +452,38 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
     if frames < bounds.behind || (done == frames && frames < bounds.cap) {
         return Ok(());
     }
-    // What the writers added during the round is copied by further rounds first, each
-    // shorter than the last, so the restart below copies little while it holds the lock.
+    // The restart flushes the database file holding the lock, and a `PASSIVE` round flushes it
+    // only when it copies the WAL to its end, which under steady writes it never does: so the
+    // restart flushed everything the rounds had copied since the last restart, 60–140 MB,
+    // 50–100 ms of every writer's wait (BENCHMARKS.md, twenty-first session). Here, before the
+    // lock, the rounds copy what the writers added meanwhile and the file is flushed, with the
+    // backfills' pages held back (requests go on writing), so that the restart copies and
+    // flushes only what requests wrote in the last moments. A round's count of frames is the
+    // WAL's when it began, so what was written during a round shows only in the next: the
+    // rounds go on until one copies few.
+    let pause = lock.pause_background();
+    let mut copied_before = done;
     let mut left = frames - done;
-    for _ in 0..CATCH_UP_ROUNDS {
-        if left <= RESTART_LEFT {
-            break;
-        }
+    for round in 0..CATCH_UP_ROUNDS {
         match passive_checkpoint(pool).await {
-            Ok((frames, done)) => left = frames - done,
+            Ok((_, done)) => {
+                left = done - copied_before;
+                copied_before = done;
+            }
             Err(_) => break,
+        }
+        if round == 0 {
+            if let Err(e) = flush_database_file(pool).await {
+                tracing::warn!(error = %e, "flushing the SQLite database file before a WAL restart failed");
+            }
+        } else if left <= RESTART_LEFT {
+            break;
         }
     }
     // How long the restart waited for the lock and held it, for the debug line: a restart's
     // hold is every writer's wait (BENCHMARKS.md, twentieth session).
     let asked = std::time::Instant::now();
-    let _lock = lock.background().await;
+    let _lock = lock.background_while_paused(&pause).await;
     let taken = std::time::Instant::now();
     let mut tries = 0;
     let outcome = loop {
@@ -488,7 +506,7 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
     Ok(())
 }
 
-/// Extra `PASSIVE` rounds at most before a restart, and the frames left uncopied below which
+/// Extra `PASSIVE` rounds at most before a restart, and the frames a round copied below which
 /// the restart goes ahead without another (about 4 MB).
 const CATCH_UP_ROUNDS: usize = 3;
 const RESTART_LEFT: i64 = 1_000;
@@ -509,6 +527,23 @@ const RESTART_PAUSE: Duration = Duration::from_millis(1);
 async fn restart_wal(writer: &AnyPool) -> Result<bool> {
     let (busy, _, _) = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(RESTART)").fetch_one(writer).await?;
     Ok(busy == 0)
+}
+
+/// Flushes the database file of `pool` (`fdatasync`) on a blocking thread, holding no lock of
+/// SQLite's or this process's.
+async fn flush_database_file(pool: &AnyPool) -> Result<()> {
+    let Some(path) = database_file(pool).await? else { return Ok(()) };
+    tokio::task::spawn_blocking(move || std::fs::File::open(path)?.sync_data())
+        .await
+        .map_err(|e| StoreError::Db(sqlx::Error::Io(std::io::Error::other(e))))?
+        .map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
+    Ok(())
+}
+
+/// The file of `pool`'s main database (`None` in memory).
+async fn database_file(pool: &AnyPool) -> Result<Option<std::path::PathBuf>> {
+    let path: String = sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'").fetch_one(pool).await?;
+    Ok((!path.is_empty()).then(|| path.into()))
 }
 
 /// One `PASSIVE` checkpoint: the WAL's frames and how many of them are copied.
@@ -1006,6 +1041,18 @@ mod tests {
             restarts >= 2 && most < 3 * cap,
             "the WAL was started over past {cap} frames: {restarts} restarts, {most} frames at most ({frames:?})"
         );
+    }
+
+    #[tokio::test]
+    async fn the_file_flushed_before_a_wal_restart_is_the_database_s_own() {
+        let scratch = Scratch::new(1).await;
+        let file = database_file(&scratch.readers).await.expect("file").expect("on disk");
+        assert_eq!(file.canonicalize().expect("file"), scratch.path.canonicalize().expect("path"));
+        flush_database_file(&scratch.readers).await.expect("flushed");
+        scratch.remove().await;
+        let memory = sqlite_pool("sqlite::memory:", 1, Duration::ZERO).await.expect("memory");
+        assert_eq!(database_file(&memory).await.expect("file"), None);
+        flush_database_file(&memory).await.expect("nothing to flush");
     }
 
     #[test]

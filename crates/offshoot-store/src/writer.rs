@@ -33,6 +33,21 @@ pub(crate) struct WriteLock {
     waits: AtomicU64,
     /// When a request last took the lock (Unix nanoseconds; 0: never).
     last_request_at: AtomicI64,
+    /// Pauses of background pages in force ([`WriteLock::pause_background`]).
+    paused: AtomicUsize,
+    /// Woken when the last pause ends.
+    resumed: Notify,
+}
+
+/// Holds background pages back for as long as it lives ([`WriteLock::pause_background`]).
+pub(crate) struct Paused<'a>(&'a WriteLock);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        if self.0.paused.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.resumed.notify_waiters();
+        }
+    }
 }
 
 /// Counts one waiting request for as long as it waits (also when its future is dropped).
@@ -78,16 +93,48 @@ impl WriteLock {
         self.waits.load(Ordering::Acquire)
     }
 
-    /// The lock for a background page: once no request waits, or after [`BACKGROUND_PATIENCE`].
+    /// Holds background pages back until the returned guard is dropped: a page that has not
+    /// taken the lock waits (its patience starts again after the pause); one that holds it
+    /// finishes. Requests are not held back. The SQLite WAL's restart pauses the backfills
+    /// while it catches the WAL up, so that what it then copies holding the lock is only what
+    /// requests wrote meanwhile (`checkpoint_round`).
+    pub(crate) fn pause_background(&self) -> Paused<'_> {
+        self.paused.fetch_add(1, Ordering::AcqRel);
+        Paused(self)
+    }
+
+    /// The lock for a background page: once no request waits, or after [`BACKGROUND_PATIENCE`];
+    /// never during a pause ([`WriteLock::pause_background`]).
     pub(crate) async fn background(&self) -> OwnedMutexGuard<()> {
-        let deadline = tokio::time::Instant::now() + BACKGROUND_PATIENCE;
+        self.take_background(true).await
+    }
+
+    /// The lock for the holder of a pause, as a background page takes it but not held back by
+    /// pauses.
+    pub(crate) async fn background_while_paused(&self, _pause: &Paused<'_>) -> OwnedMutexGuard<()> {
+        self.take_background(false).await
+    }
+
+    async fn take_background(&self, heed_pauses: bool) -> OwnedMutexGuard<()> {
+        let mut deadline = tokio::time::Instant::now() + BACKGROUND_PATIENCE;
         loop {
-            // Created before the check, so a wake-up between the check and the wait is kept.
+            // Created before the checks, so a wake-up between a check and its wait is kept.
             let none_waiting = self.none_waiting.notified();
+            let resumed = self.resumed.notified();
+            let paused = || heed_pauses && self.paused.load(Ordering::Acquire) > 0;
+            if paused() {
+                resumed.await;
+                deadline = tokio::time::Instant::now() + BACKGROUND_PATIENCE;
+                continue;
+            }
             if self.waiting.load(Ordering::Acquire) == 0 {
                 let guard = self.lock.clone().lock_owned().await;
                 // A request that arrived while this one queued goes first (it waits for no
-                // page: the lock is handed to it now).
+                // page: the lock is handed to it now); so does a pause that began meanwhile.
+                if paused() {
+                    drop(guard);
+                    continue;
+                }
                 if self.waiting.load(Ordering::Acquire) == 0 || tokio::time::Instant::now() >= deadline {
                     return guard;
                 }
@@ -135,6 +182,24 @@ mod tests {
         req.await.expect("request");
         bg.await.expect("background");
         assert_eq!(*order.lock().expect("order"), ["request", "background"]);
+    }
+
+    #[tokio::test]
+    async fn a_paused_background_page_waits_for_the_pause_while_requests_and_the_pauser_write() {
+        let w = Arc::new(WriteLock::default());
+        let pause = w.pause_background();
+        let bg = {
+            let w = w.clone();
+            tokio::spawn(async move { drop(w.background().await) })
+        };
+        // Long past the page's patience, the lock free all along: the page still waits.
+        tokio::time::sleep(BACKGROUND_PATIENCE + Duration::from_millis(50)).await;
+        assert!(!bg.is_finished(), "a background page took the lock during a pause");
+        drop(w.request().await);
+        drop(w.background_while_paused(&pause).await);
+        assert!(!bg.is_finished(), "the pause still holds the page back");
+        drop(pause);
+        tokio::time::timeout(Duration::from_secs(5), bg).await.expect("the page went once the pause ended").expect("page");
     }
 
     #[tokio::test]
