@@ -5,9 +5,11 @@
 //! (BENCHMARKS.md, twentieth session 4). The report names each checkpoint, its cause and its
 //! span, so a figure's lines (each stamped with the time of day) can be set against them.
 //!
-//! Sampled from the database every 250 ms: `pg_stat_bgwriter`'s counters rise when a
-//! checkpoint begins (by its cause), and the control file's `checkpoint_time` (the time the
-//! checkpoint began) changes when it completes.
+//! `pg_stat_bgwriter` counts the checkpoints by cause; the control file's `checkpoint_time` (when
+//! the last completed checkpoint began) is sampled every 250 ms, so each completed checkpoint is
+//! named with its begin and the sample that saw it done. Two that complete within one sample
+//! (a spread checkpoint hurried by `DROP DATABASE`'s) show as the later; PostgreSQL's log
+//! (`log_checkpoints`) has every one.
 
 use crate::server;
 use anyhow::Result;
@@ -15,105 +17,74 @@ use sqlx::Row;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// One checkpoint seen by the sampler.
-#[derive(Debug, Clone)]
-struct Checkpoint {
-    /// "time" (`checkpoint_timeout`) or "requested" (WAL volume, or a command such as
-    /// `DROP DATABASE`).
-    cause: &'static str,
-    /// Its begin, from the control file once it completed, else when the sampler saw it begin.
-    began: String,
-    /// When the sampler saw it complete; `None` while it still runs.
-    done_by: Option<String>,
-}
-
 /// A running sampler; [`Watch::finish`] stops it and describes what it saw.
 pub struct Watch {
+    pool: sqlx::AnyPool,
+    first: Counts,
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<Vec<Checkpoint>>,
+    /// Each completed checkpoint seen: its begin and when it was seen done (UTC time of day).
+    task: tokio::task::JoinHandle<Vec<(String, String)>>,
 }
 
-/// The counters and the control file's last checkpoint, at one moment.
-#[derive(PartialEq)]
-struct Sample {
+/// `pg_stat_bgwriter`'s checkpoints by cause.
+struct Counts {
     timed: i64,
     requested: i64,
-    last_began: String,
 }
 
-async fn sample(pool: &sqlx::AnyPool) -> Result<Sample> {
-    let row = sqlx::query(
-        "SELECT b.checkpoints_timed, b.checkpoints_req, \
-                to_char(c.checkpoint_time AT TIME ZONE 'UTC', 'HH24:MI:SS') \
-         FROM pg_stat_bgwriter AS b, pg_control_checkpoint() AS c",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(Sample { timed: row.try_get(0)?, requested: row.try_get(1)?, last_began: row.try_get(2)? })
+async fn counts(pool: &sqlx::AnyPool) -> Result<Counts> {
+    let row = sqlx::query("SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter").fetch_one(pool).await?;
+    Ok(Counts { timed: row.try_get(0)?, requested: row.try_get(1)? })
 }
 
-fn time_of_day() -> String {
-    let now = offshoot_core::time::to_rfc3339(offshoot_core::time::now());
-    now.get(11..19).unwrap_or(&now).to_string()
+/// When the last completed checkpoint began (UTC time of day).
+async fn last_began(pool: &sqlx::AnyPool) -> Result<String> {
+    Ok(sqlx::query_scalar("SELECT to_char(checkpoint_time AT TIME ZONE 'UTC', 'HH24:MI:SS') FROM pg_control_checkpoint()")
+        .fetch_one(pool)
+        .await?)
 }
 
 impl Watch {
-    /// Starts sampling the PostgreSQL server at `url`.
+    /// Starts watching the PostgreSQL server at `url`.
     pub async fn start(url: &str) -> Result<Watch> {
-        let pool = server::connect(url, 1).await?;
-        let mut last = sample(&pool).await?;
+        let pool = server::connect(url, 2).await?;
+        let first = counts(&pool).await?;
+        let mut last = last_began(&pool).await?;
         let stop = CancellationToken::new();
-        let stopped = stop.clone();
+        let (stopped, sampler) = (stop.clone(), pool.clone());
         let task = tokio::spawn(async move {
-            let mut seen: Vec<Checkpoint> = Vec::new();
+            let mut seen = Vec::new();
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             while !stopped.is_cancelled() {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = stopped.cancelled() => {}
                 }
-                let Ok(now) = sample(&pool).await else { continue };
-                for (cause, n) in [("time", now.timed - last.timed), ("requested", now.requested - last.requested)] {
-                    for _ in 0..n.max(0) {
-                        seen.push(Checkpoint { cause, began: format!("≈{}", time_of_day()), done_by: None });
+                if let Ok(now) = last_began(&sampler).await {
+                    if now != last {
+                        seen.push((now.clone(), crate::clock()));
+                        last = now;
                     }
                 }
-                if now.last_began != last.last_began {
-                    // The oldest checkpoint still running is the one that completed (they run one
-                    // at a time); one that began and ended between two samples has no entry yet.
-                    match seen.iter_mut().find(|c| c.done_by.is_none()) {
-                        Some(c) => {
-                            c.began = now.last_began.clone();
-                            c.done_by = Some(time_of_day());
-                        }
-                        None => seen.push(Checkpoint { cause: "unknown", began: now.last_began.clone(), done_by: Some(time_of_day()) }),
-                    }
-                }
-                last = now;
             }
-            pool.close().await;
             seen
         });
-        Ok(Watch { stop, task })
+        Ok(Watch { pool, first, stop, task })
     }
 
     /// Stops the sampler; one line for the report.
     pub async fn finish(self) -> String {
         self.stop.cancel();
         let seen = self.task.await.unwrap_or_default();
-        if seen.is_empty() {
-            return "PostgreSQL checkpoints during these figures: none".to_string();
-        }
-        let each: Vec<String> = seen
-            .iter()
-            .map(|c| match &c.done_by {
-                Some(done) => format!("began {} ({}), done by {done}", c.began, c.cause),
-                None => format!("began {} ({}), still running", c.began, c.cause),
-            })
-            .collect();
+        let by_cause = match counts(&self.pool).await {
+            Ok(end) => format!("{} by time, {} requested", end.timed - self.first.timed, end.requested - self.first.requested),
+            Err(e) => format!("not counted ({e})"),
+        };
+        self.pool.close().await;
+        let each: Vec<String> = seen.iter().map(|(began, done)| format!("{began} → {done}")).collect();
         format!(
-            "PostgreSQL checkpoints during these figures (UTC; requested: by WAL volume or a command, as each DROP DATABASE between the figures' servers): {}",
-            each.join("; ")
+            "PostgreSQL checkpoints during these figures: {by_cause} (by WAL volume, or by a command such as the DROP DATABASE after each figure's server); completed ones, begin → seen done (UTC): {}",
+            if each.is_empty() { "none".to_string() } else { each.join(", ") }
         )
     }
 }

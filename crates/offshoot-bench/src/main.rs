@@ -177,10 +177,15 @@ impl Report {
     /// Prints `line` with the UTC time of day (to place it in the server's and the database's
     /// logs) and keeps it, without the time, for the summary.
     pub fn add(&mut self, line: String) {
-        let now = offshoot_core::time::to_rfc3339(offshoot_core::time::now());
-        println!("  [{}] {line}", now.get(11..23).unwrap_or(&now));
+        println!("  [{}] {line}", clock());
         self.lines.push(line);
     }
+}
+
+/// The UTC time of day, to the millisecond (`14:07:40.125`).
+pub fn clock() -> String {
+    let now = offshoot_core::time::to_rfc3339(offshoot_core::time::now());
+    now.get(11..23).unwrap_or(&now).to_string()
 }
 
 pub fn ms(d: Duration) -> String {

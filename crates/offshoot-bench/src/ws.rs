@@ -461,7 +461,7 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
                 Ok(()) => String::new(),
             }
         ));
-        println!("    e. {}", lines.last().map(String::as_str).unwrap_or(""));
+        println!("    [{}] e. {}", crate::clock(), lines.last().map(String::as_str).unwrap_or(""));
         if !ok {
             break;
         }
