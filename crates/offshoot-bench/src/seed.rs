@@ -196,13 +196,15 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
         older = std::mem::replace(&mut previous, this_chunk);
     }
     visible_top.retain(|m| !deleted.contains(m));
-    // The fork point: the newest visible top-level message as the channel reads it.
+    // The fork point: the newest visible top-level message as the channel reads it. The
+    // server-side read shows shadowed messages too (marked), and the sends were concurrent, so
+    // the newest may be one of `SHADOWED`'s: not a fork point (`docs/fork.md`).
     let (state, _) = api
         .call(reqwest::Method::POST, &format!("/channels/agent/{id}/query"), Some(&json!({"state": true, "messages": {"limit": 10}})))
         .await?;
     let newest = state["messages"]
         .as_array()
-        .and_then(|a| a.iter().rev().find(|m| m["parent_id"].is_null()))
+        .and_then(|a| a.iter().rev().find(|m| m["parent_id"].is_null() && m["shadowed"] != true && m["type"] == "regular"))
         .and_then(|m| m["id"].as_str())
         .map(str::to_string)
         .context("the source has no visible message")?;

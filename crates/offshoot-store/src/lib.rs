@@ -456,12 +456,15 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
     // only when it copies the WAL to its end, which under steady writes it never does: so the
     // restart flushed everything the rounds had copied since the last restart, 60–140 MB,
     // 50–100 ms of every writer's wait (BENCHMARKS.md, twenty-first session). Here, before the
-    // lock, the rounds copy what the writers added meanwhile and the file is flushed, with the
-    // backfills' pages held back (requests go on writing), so that the restart copies and
-    // flushes only what requests wrote in the last moments. A round's count of frames is the
-    // WAL's when it began, so what was written during a round shows only in the next: the
-    // rounds go on until one copies few.
-    let pause = lock.pause_background();
+    // lock, the rounds copy what the writers added meanwhile and the file is flushed, so that
+    // the restart copies and flushes only what was written in the last moments. While requests
+    // are writing, the backfills' pages are held back meanwhile (requests go on), so that the
+    // restart's hold, every request's wait, is shortest; with no request to wait, a backfill
+    // would only lose the pause's 100–300 ms, so it goes on writing and waits for the hold. A
+    // round's count of frames is the WAL's when it began, so what was written during a round
+    // shows only in the next: the rounds go on until one copies few.
+    let requests_writing = lock.last_request_at().is_some_and(|at| offshoot_core::time::now() - at < RECENT_REQUESTS.as_nanos() as i64);
+    let pause = requests_writing.then(|| lock.pause_background());
     let mut copied_before = done;
     let mut left = frames - done;
     for round in 0..CATCH_UP_ROUNDS {
@@ -483,7 +486,10 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
     // How long the restart waited for the lock and held it, for the debug line: a restart's
     // hold is every writer's wait (BENCHMARKS.md, twentieth session).
     let asked = std::time::Instant::now();
-    let _lock = lock.background_while_paused(&pause).await;
+    let _lock = match &pause {
+        Some(pause) => lock.background_while_paused(pause).await,
+        None => lock.background().await,
+    };
     let taken = std::time::Instant::now();
     let mut tries = 0;
     let outcome = loop {
@@ -505,6 +511,10 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
     }
     Ok(())
 }
+
+/// Requests that took the write lock this recently make a WAL restart hold the backfills back
+/// while it catches up (`checkpoint_round`).
+const RECENT_REQUESTS: Duration = Duration::from_secs(1);
 
 /// Extra `PASSIVE` rounds at most before a restart, and the frames a round copied below which
 /// the restart goes ahead without another (about 4 MB).
