@@ -418,9 +418,10 @@ const WAL_CAP_FRAMES: i64 = 100_000;
 /// backfills (BENCHMARKS.md, thirteenth session). Even with nothing left to copy when the round
 /// began, a restart held it 21–55 ms (the frames written since, and the flushes of both files):
 /// the slowest sends of figure c (twentieth session): the frames written during the round.
-/// So before it takes the lock, further rounds copy what the writers added meanwhile, with the
-/// backfills' pages held back ([`writer::WriteLock::pause_background`]), until a round copies
-/// few.
+/// So before it takes the lock, further rounds copy what the writers added meanwhile until a
+/// round copies few, the database file is flushed without the lock, and while requests are
+/// writing the backfills' pages are held back meanwhile
+/// ([`writer::WriteLock::pause_background`]); see `checkpoint_round`.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
     loop {
         tokio::time::sleep(CHECKPOINT_EVERY).await;

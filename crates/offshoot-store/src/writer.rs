@@ -95,9 +95,9 @@ impl WriteLock {
 
     /// Holds background pages back until the returned guard is dropped: a page that has not
     /// taken the lock waits (its patience starts again after the pause); one that holds it
-    /// finishes. Requests are not held back. The SQLite WAL's restart pauses the backfills
-    /// while it catches the WAL up, so that what it then copies holding the lock is only what
-    /// requests wrote meanwhile (`checkpoint_round`).
+    /// finishes. Requests are not held back. While requests are writing, the SQLite WAL's
+    /// restart pauses the backfills while it catches the WAL up, so that what it then copies
+    /// holding the lock is only what requests wrote meanwhile (`checkpoint_round`).
     pub(crate) fn pause_background(&self) -> Paused<'_> {
         self.paused.fetch_add(1, Ordering::AcqRel);
         Paused(self)
