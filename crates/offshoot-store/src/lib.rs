@@ -464,7 +464,7 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
     // would only lose the pause's 100–300 ms, so it goes on writing and waits for the hold. A
     // round's count of frames is the WAL's when it began, so what was written during a round
     // shows only in the next: the rounds go on until one copies few.
-    let requests_writing = lock.last_request_at().is_some_and(|at| offshoot_core::time::now() - at < RECENT_REQUESTS.as_nanos() as i64);
+    let requests_writing = lock.since_last_request().is_some_and(|since| since < RECENT_REQUESTS);
     let pause = requests_writing.then(|| lock.pause_background());
     let mut copied_before = done;
     let mut left = frames - done;
@@ -732,8 +732,7 @@ impl Store {
     /// none has, and on PostgreSQL). A backfill that starts while requests are writing starts
     /// with a small page.
     pub fn since_last_request_write(&self) -> Option<std::time::Duration> {
-        let at = self.write_lock.as_ref()?.last_request_at()?;
-        Some(std::time::Duration::from_nanos(offshoot_core::time::now().saturating_sub(at).max(0) as u64))
+        self.write_lock.as_ref()?.since_last_request()
     }
 
     /// A write transaction of background work (a backfill page), which on SQLite lets waiting

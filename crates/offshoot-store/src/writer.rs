@@ -9,7 +9,7 @@
 //! The lock also counts the requests that had to wait for it ([`WriteLock::request_waits`]):
 //! a backfill page that no request waited for may stay large, one that delayed a request
 //! makes the next one smaller (the worker's page sizing), and it keeps when a request last took
-//! it ([`WriteLock::last_request_at`]): a backfill that starts while requests are writing starts
+//! it ([`WriteLock::since_last_request`]): a backfill that starts while requests are writing starts
 //! with a small page.
 //!
 //! PostgreSQL has no such lock: its writers meet on row locks only.
@@ -78,9 +78,10 @@ impl WriteLock {
         guard
     }
 
-    /// When a request last took the lock (Unix nanoseconds), if one has.
-    pub(crate) fn last_request_at(&self) -> Option<i64> {
-        Some(self.last_request_at.load(Ordering::Acquire)).filter(|&t| t > 0)
+    /// How long ago a request last took the lock, if one has.
+    pub(crate) fn since_last_request(&self) -> Option<Duration> {
+        let at = Some(self.last_request_at.load(Ordering::Acquire)).filter(|&t| t > 0)?;
+        Some(Duration::from_nanos(offshoot_core::time::now().saturating_sub(at).max(0) as u64))
     }
 
     /// Whether a request is waiting for the lock now.
