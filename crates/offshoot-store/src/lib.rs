@@ -359,10 +359,13 @@ const SQLITE_BUSY_WAIT: Duration = Duration::from_secs(15);
 /// A pool on the SQLite file at `url`: WAL, `synchronous = NORMAL` (no flush per commit),
 /// SQLite's busy handler waiting up to `busy` for another connection's lock, and no automatic
 /// checkpoints: a commit that crosses the WAL's threshold would copy the WAL into the database
-/// and flush it before returning, while requests wait ([`checkpoint`] does it instead).
+/// and flush it before returning, while requests wait ([`checkpoint`] does it instead). SQLite's
+/// temporary files are kept in memory: a backfill page's insert spilled its statement journal
+/// to a new file under `/var/tmp` past 64 KiB, a file created, written and deleted for every
+/// page the one writer wrote (BENCHMARKS.md, twenty-second session).
 async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyPool> {
     let pragmas: Arc<str> = format!(
-        "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {}; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0",
+        "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {}; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; PRAGMA temp_store = MEMORY",
         busy.as_millis()
     )
     .into();
@@ -385,15 +388,20 @@ async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyP
 /// How often the SQLite WAL is copied into the database by [`checkpoint`].
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
-/// WAL frames (pages) past which [`checkpoint`] restarts the WAL under the write lock when its
-/// round could not copy them all: about 40 MB with 4 KiB pages.
+/// WAL frames (pages) past which [`checkpoint`] restarts the WAL under the write lock, whether
+/// or not its rounds copied them all: about 40 MB with 4 KiB pages.
+///
+/// After a restart the writers write the WAL's file over from its start, and SQLite's frames
+/// (a page and a 24-byte header) straddle the file system's blocks, so a frame written over a
+/// block that is no longer in the page cache reads that block from disk first, the writer
+/// waiting behind whatever the disk is flushing. Until the twenty-second session the WAL grew
+/// to 100,000 frames (400 MB) before a restart when its rounds kept up, and the part written
+/// a minute before had left the page cache (this machine's kernel pages out file pages unused
+/// for about a minute): some 5,000 such reads in one run of figure c, writes of the one
+/// writer taking 5–20 ms (BENCHMARKS.md, twenty-second session). Kept to 10,000 frames, the
+/// WAL is written over every few seconds under load, while its pages are in memory. Restarts
+/// are cheap enough for it since the twenty-first session (`checkpoint_round`).
 const RESTART_FRAMES: i64 = 10_000;
-
-/// WAL frames past which [`checkpoint`] restarts the WAL even when its rounds copy it in full:
-/// about 400 MB. Restarts cost the sends around them: restarting every fully copied WAL past
-/// [`RESTART_FRAMES`] took the sends' p99 during backfills from 13 to 22 ms (figure c,
-/// BENCHMARKS.md, seventeenth session). So this bound is for the disk, not for speed.
-const WAL_CAP_FRAMES: i64 = 100_000;
 
 /// Copies the SQLite WAL into the database every [`CHECKPOINT_EVERY`], off every request's and
 /// backfill page's path (their connections do not checkpoint, [`sqlite_pool`]). `PASSIVE`: it
@@ -407,12 +415,11 @@ const WAL_CAP_FRAMES: i64 = 100_000;
 /// fully copied and no reader on its frames. Under steady writes that moment does not come:
 /// either the rounds never catch up with the last frame (the benchmark's seeding), or they catch
 /// up every round but a reader is always on the frames (the streams). So past
-/// [`RESTART_FRAMES`] (a round that fell behind) or [`WAL_CAP_FRAMES`] (one that did not) the
-/// next round takes the write lock as a background page does (waiting
+/// [`RESTART_FRAMES`] the next round takes the write lock as a background page does (waiting
 /// requests go first), so that no writer of this process adds frames. It then restarts the WAL,
 /// trying again [`RESTART_PAUSE`] apart while a reader is still on its frames (readers that start
-/// meanwhile read the database alone), at most [`RESTART_TRIES`] times, only past
-/// [`WAL_CAP_FRAMES`] and only while no request waits for the lock, and otherwise next round.
+/// meanwhile read the database alone), at most [`RESTART_TRIES`] times and only while no
+/// request waits for the lock, and otherwise next round.
 ///
 /// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
 /// backfills (BENCHMARKS.md, thirteenth session). Even with nothing left to copy when the round
@@ -428,7 +435,7 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
         if pool.is_closed() {
             return;
         }
-        if let Err(e) = checkpoint_round(&pool, &writer, &lock, WAL_BOUNDS).await {
+        if let Err(e) = checkpoint_round(&pool, &writer, &lock, RESTART_FRAMES).await {
             if pool.is_closed() {
                 return;
             }
@@ -437,20 +444,11 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
     }
 }
 
-/// The WAL's sizes, in frames, past which [`checkpoint`] restarts it: [`RESTART_FRAMES`] and
-/// [`WAL_CAP_FRAMES`] (a test gives small ones).
-#[derive(Debug, Clone, Copy)]
-struct WalBounds {
-    behind: i64,
-    cap: i64,
-}
-
-const WAL_BOUNDS: WalBounds = WalBounds { behind: RESTART_FRAMES, cap: WAL_CAP_FRAMES };
-
-/// One round of [`checkpoint`]. Fails only when its `PASSIVE` copy fails.
-async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::WriteLock, bounds: WalBounds) -> Result<()> {
+/// One round of [`checkpoint`], restarting the WAL past `restart_past` frames
+/// ([`RESTART_FRAMES`]; a test gives fewer). Fails only when its `PASSIVE` copy fails.
+async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::WriteLock, restart_past: i64) -> Result<()> {
     let (frames, done) = passive_checkpoint(pool).await?;
-    if frames < bounds.behind || (done == frames && frames < bounds.cap) {
+    if frames < restart_past {
         return Ok(());
     }
     // The restart flushes the database file holding the lock, and a `PASSIVE` round flushes it
@@ -497,9 +495,7 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
         tries += 1;
         match restart_wal(writer).await {
             // Not while a request waits: it goes first, and the next round tries again.
-            Ok(false) if frames >= bounds.cap && tries < RESTART_TRIES && !lock.requests_waiting() => {
-                tokio::time::sleep(RESTART_PAUSE).await
-            }
+            Ok(false) if tries < RESTART_TRIES && !lock.requests_waiting() => tokio::time::sleep(RESTART_PAUSE).await,
             other => break other,
         }
     };
@@ -523,10 +519,8 @@ const CATCH_UP_ROUNDS: usize = 3;
 const RESTART_LEFT: i64 = 1_000;
 
 /// Restarts tried under one hold of the write lock while a reader is still on the WAL's frames
-/// and no request waits for the lock, once the WAL is past [`WAL_CAP_FRAMES`] (below it, one
-/// try a round, as before: each restart that succeeds costs the sends around it, figure c), and
-/// the pause between them: the lock is held for about 10 ms at most, and only while no request
-/// wants it.
+/// and no request waits for the lock, and the pause between them: the lock is held for about
+/// 10 ms at most, and only while no request wants it.
 const RESTART_TRIES: u32 = 10;
 const RESTART_PAUSE: Duration = Duration::from_millis(1);
 
@@ -1030,7 +1024,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 read.rollback().await.expect("end read");
             }));
-            checkpoint_round(readers, writer, &lock, WalBounds { behind: 30, cap }).await.expect("round");
+            checkpoint_round(readers, writer, &lock, cap).await.expect("round");
             frames.push(scratch.wal_frames().await);
         }
         if let Some(last) = reading {
@@ -1051,6 +1045,23 @@ mod tests {
             restarts >= 2 && most < 3 * cap,
             "the WAL was started over past {cap} frames: {restarts} restarts, {most} frames at most ({frames:?})"
         );
+    }
+
+    /// Every connection of both pools keeps SQLite's temporary files (statement journals,
+    /// sorts) in memory (`sqlite_pool`).
+    #[tokio::test]
+    async fn sqlite_connections_keep_temporary_files_in_memory() {
+        let scratch = Scratch::new(3).await;
+        let mut held = Vec::new();
+        for pool in [&scratch.readers, &scratch.readers, &scratch.readers, &scratch.writer] {
+            let mut conn = pool.acquire().await.expect("connection");
+            // 2 is MEMORY (0, the build's default, uses files).
+            let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store").fetch_one(&mut *conn).await.expect("temp_store");
+            assert_eq!(temp_store, 2, "temporary files in memory");
+            held.push(conn);
+        }
+        drop(held);
+        scratch.remove().await;
     }
 
     #[tokio::test]
