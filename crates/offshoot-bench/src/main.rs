@@ -220,11 +220,28 @@ fn machine() -> String {
     let cpu =
         cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(str::trim).unwrap_or("unknown CPU");
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
-        .unwrap_or(0);
+    let mem_kb = meminfo_kib("MemTotal:").unwrap_or(0);
     format!("{cores} cores ({cpu}), {:.1} GiB memory, {}", mem_kb as f64 / 1024.0 / 1024.0, std::env::consts::OS)
+}
+
+/// One field of `/proc/meminfo` (`"Dirty:"`), in KiB.
+fn meminfo_kib(field: &str) -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Has the kernel write back every dirty page (`sync`) and prints how much there was and how
+/// long it took. Figure c begins with it: the seeding before it writes hundreds of MB, which
+/// the kernel writes back all at once when they are 30 s old; that fell inside c's windows and
+/// every commit waited 70–150 ms behind it (BENCHMARKS.md, twenty-second session). c measures
+/// what the backfills cost the sends, not what the seeding does.
+async fn settle_disk(figure: &str) -> Result<()> {
+    let dirty = meminfo_kib("Dirty:").unwrap_or(0);
+    let started = Instant::now();
+    let status = tokio::task::spawn_blocking(|| std::process::Command::new("sync").status()).await??;
+    ensure!(status.success(), "sync failed: {status}");
+    println!("  [{}] before {figure}: {:.0} MB of dirty pages written back in {}", clock(), dirty as f64 / 1024.0, ms(started.elapsed()));
+    Ok(())
 }
 
 fn load_average() -> String {
@@ -632,6 +649,7 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
     const RATE: f64 = 100.0;
     let rounds = if args.quick { 1 } else { 3 };
     let channels = chat_channels(api, "c-chat-", 10, &[]).await?;
+    settle_disk("c").await?;
     let window = Duration::from_secs_f64(args.step_secs.min(5.0) * rounds as f64);
     let cpu_calm = cpu::Mark::now();
     let calm = send_at(api, &channels, RATE, window, None).await;
