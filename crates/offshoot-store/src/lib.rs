@@ -430,12 +430,17 @@ const RESTART_FRAMES: i64 = 10_000;
 /// writing the backfills' pages are held back meanwhile
 /// ([`writer::WriteLock::pause_background`]); see `checkpoint_round`.
 async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
+    // Asked once: the restarts flush it every few seconds under load.
+    let file = database_file(&pool).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "finding the SQLite database file failed; WAL restarts flush it holding the lock");
+        None
+    });
     loop {
         tokio::time::sleep(CHECKPOINT_EVERY).await;
         if pool.is_closed() {
             return;
         }
-        if let Err(e) = checkpoint_round(&pool, &writer, &lock, RESTART_FRAMES).await {
+        if let Err(e) = checkpoint_round(&pool, &writer, &lock, file.as_deref(), RESTART_FRAMES).await {
             if pool.is_closed() {
                 return;
             }
@@ -445,8 +450,15 @@ async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>
 }
 
 /// One round of [`checkpoint`], restarting the WAL past `restart_past` frames
-/// ([`RESTART_FRAMES`]; a test gives fewer). Fails only when its `PASSIVE` copy fails.
-async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::WriteLock, restart_past: i64) -> Result<()> {
+/// ([`RESTART_FRAMES`]; a test gives fewer) after flushing the database `file` (none in memory).
+/// Fails only when its `PASSIVE` copy fails.
+async fn checkpoint_round(
+    pool: &AnyPool,
+    writer: &AnyPool,
+    lock: &writer::WriteLock,
+    file: Option<&std::path::Path>,
+    restart_past: i64,
+) -> Result<()> {
     let (frames, done) = passive_checkpoint(pool).await?;
     if frames < restart_past {
         return Ok(());
@@ -475,7 +487,7 @@ async fn checkpoint_round(pool: &AnyPool, writer: &AnyPool, lock: &writer::Write
             Err(_) => break,
         }
         if round == 0 {
-            if let Err(e) = flush_database_file(pool).await {
+            if let Err(e) = flush_database_file(file).await {
                 tracing::warn!(error = %e, "flushing the SQLite database file before a WAL restart failed");
             }
         } else if left <= RESTART_LEFT {
@@ -534,11 +546,11 @@ async fn restart_wal(writer: &AnyPool) -> Result<bool> {
     Ok(busy == 0)
 }
 
-/// Flushes the database file of `pool` (`fdatasync`) on a blocking thread, holding no lock of
-/// SQLite's or this process's.
-async fn flush_database_file(pool: &AnyPool) -> Result<()> {
-    let Some(path) = database_file(pool).await? else { return Ok(()) };
-    tokio::task::spawn_blocking(move || std::fs::File::open(path)?.sync_data())
+/// Flushes the database `file` (`fdatasync`; none in memory) on a blocking thread, holding no
+/// lock of SQLite's or this process's.
+async fn flush_database_file(file: Option<&std::path::Path>) -> Result<()> {
+    let Some(file) = file.map(std::path::Path::to_path_buf) else { return Ok(()) };
+    tokio::task::spawn_blocking(move || std::fs::File::open(file)?.sync_data())
         .await
         .map_err(|e| StoreError::Db(sqlx::Error::Io(std::io::Error::other(e))))?
         .map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
@@ -1024,7 +1036,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(3)).await;
                 read.rollback().await.expect("end read");
             }));
-            checkpoint_round(readers, writer, &lock, cap).await.expect("round");
+            checkpoint_round(readers, writer, &lock, Some(&scratch.path), cap).await.expect("round");
             frames.push(scratch.wal_frames().await);
         }
         if let Some(last) = reading {
@@ -1069,11 +1081,11 @@ mod tests {
         let scratch = Scratch::new(1).await;
         let file = database_file(&scratch.readers).await.expect("file").expect("on disk");
         assert_eq!(file.canonicalize().expect("file"), scratch.path.canonicalize().expect("path"));
-        flush_database_file(&scratch.readers).await.expect("flushed");
+        flush_database_file(Some(&file)).await.expect("flushed");
         scratch.remove().await;
         let memory = sqlite_pool("sqlite::memory:", 1, Duration::ZERO).await.expect("memory");
         assert_eq!(database_file(&memory).await.expect("file"), None);
-        flush_database_file(&memory).await.expect("nothing to flush");
+        flush_database_file(None).await.expect("nothing to flush");
     }
 
     #[test]
