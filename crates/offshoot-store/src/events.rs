@@ -2,15 +2,77 @@
 //! announce; consumers read them in `seq` order from a cursor of their own.
 
 use crate::{Backend, Result, Store, Tx};
-use offshoot_core::model::{Audience, Event, OutboxEvent};
+use offshoot_core::model::{Audience, Channel, Event, OutboxEvent};
 use offshoot_core::time;
+use serde::{Deserialize, Serialize};
 
 impl Tx {
     /// Queues an event for the outbox; it is written when this transaction commits.
     pub(crate) async fn event(&mut self, event: Event, audience: Audience) -> Result<()> {
-        self.events.push((event, audience));
+        self.events.push(Queued { event, audience, note: None });
         Ok(())
     }
+
+    /// Queues an event and the notification that repeats it to `note.users` who do not watch
+    /// its channel ([`Note`]): one outbox row, read back as the two events.
+    pub(crate) async fn event_noted(&mut self, event: Event, audience: Audience, note: Note) -> Result<()> {
+        self.events.push(Queued { event, audience, note: Some(note) });
+        Ok(())
+    }
+}
+
+/// An event waiting for its transaction's commit, with the notification stored beside it.
+pub(crate) struct Queued {
+    event: Event,
+    audience: Audience,
+    note: Option<Note>,
+}
+
+/// A `notification.*` event stored in the row of the channel event it repeats: a send's
+/// `notification.message_new` is its `message.new` with the channel, for the members who do
+/// not watch the channel. Written as two rows, each send stored its message twice, and the
+/// outbox was most of what the database wrote under chat traffic (BENCHMARKS.md,
+/// twenty-second session). What the notification carries is derived from the event by
+/// [`Note::event`], the one rule for both the rows read back and the events kept in memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Note {
+    /// The notification's type.
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    /// Who hears it, on every connection they hold that does not watch the event's channel.
+    pub(crate) users: Vec<String>,
+    /// The channel it carries.
+    pub(crate) channel: Channel,
+}
+
+impl Note {
+    /// The notification of `event` (to `audience`): the event with this type and channel and
+    /// without the fields the channel's watchers alone hear (`extra`: the `watcher_count`),
+    /// to these users except the channel's watchers, with the event's unread counters.
+    pub(crate) fn event(self, event: &Event, audience: &Audience) -> (Event, Audience) {
+        let mut note = event.clone();
+        note.kind = self.kind;
+        note.channel = Some(self.channel);
+        note.extra = Default::default();
+        let audience = Audience {
+            users: self.users,
+            except_watchers_of: audience.watchers_of.clone(),
+            unread: audience.unread.clone(),
+            ..Default::default()
+        };
+        (note, audience)
+    }
+}
+
+/// The events of one outbox row: its event, and the notification stored beside it. Both
+/// carry the row's `seq`.
+fn row_events(seq: i64, event: Event, audience: Audience, note: Option<Note>) -> Vec<std::sync::Arc<OutboxEvent>> {
+    let noted = note.map(|n| n.event(&event, &audience));
+    let mut events = vec![std::sync::Arc::new(OutboxEvent { seq, event, audience })];
+    if let Some((event, audience)) = noted {
+        events.push(std::sync::Arc::new(OutboxEvent { seq, event, audience }));
+    }
+    events
 }
 
 /// Writes a committing transaction's events. On PostgreSQL each writer takes the outbox lock
@@ -23,47 +85,47 @@ impl Tx {
 /// transaction takes (crate doc, lock order). The events are serialised before it is taken and
 /// written in the statement that takes it (their `seq` follows their order in the statement's
 /// `VALUES`, which is the order they were queued in).
-pub(crate) async fn append(
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    backend: Backend,
-    events: Vec<(Event, Audience)>,
-) -> Result<Written> {
+pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<Queued>) -> Result<Written> {
     let mut written = Written::default();
     if events.is_empty() {
         return Ok(written);
     }
     let mut rows = Vec::with_capacity(events.len());
-    for (event, audience) in events {
-        let payload = serde_json::to_string(&event)?;
-        let audience_text = serde_json::to_string(&audience)?;
-        rows.push((OutboxEvent { seq: 0, event, audience }, payload, audience_text));
+    for queued in events {
+        let payload = serde_json::to_string(&queued.event)?;
+        let audience_text = serde_json::to_string(&queued.audience)?;
+        let note_text = queued.note.as_ref().map(serde_json::to_string).transpose()?;
+        rows.push((queued, payload, audience_text, note_text));
     }
-    // 5 parameters a row; a statement stays far below either engine's parameter limit.
+    // 6 parameters a row; a statement stays far below either engine's parameter limit.
     let mut first = true;
     while !rows.is_empty() {
         let chunk: Vec<_> = rows.drain(..rows.len().min(500)).collect();
-        let values = crate::rows::value_rows(backend, 1, chunk.len(), 5);
+        let values = crate::rows::value_rows(backend, 1, chunk.len(), 6);
         let sql = match backend {
             // The lock is taken by the statement's first row: every row, and so every `seq`
             // drawn for one, comes after it. No NOTIFY here: see [`announce`].
             Backend::Postgres if first => format!(
                 "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({OUTBOX_LOCK})) \
-                 INSERT INTO event (type, cid, payload, audience, created_at) \
-                 SELECT v.* FROM outbox_lock, (VALUES {values}) AS v (type, cid, payload, audience, created_at)"
+                 INSERT INTO event (type, cid, payload, audience, note, created_at) \
+                 SELECT v.* FROM outbox_lock, (VALUES {values}) AS v (type, cid, payload, audience, note, created_at)"
             ),
-            Backend::Postgres => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {values}"),
+            Backend::Postgres => format!("INSERT INTO event (type, cid, payload, audience, note, created_at) VALUES {values}"),
             // SQLite's one writer numbers the rows of a statement one after another in the
             // order of its `VALUES` (AUTOINCREMENT: the highest `seq` so far, plus one).
-            Backend::Sqlite => format!("INSERT INTO event (type, cid, payload, audience, created_at) VALUES {values} RETURNING seq"),
+            Backend::Sqlite => {
+                format!("INSERT INTO event (type, cid, payload, audience, note, created_at) VALUES {values} RETURNING seq")
+            }
         };
         first = false;
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-        // The texts are moved into the statement; each event keeps its payload's length.
+        // The texts are moved into the statement; each row keeps the length of what it stores.
         let mut sized = Vec::with_capacity(chunk.len());
-        for (ev, payload, audience) in chunk {
-            let size = payload.len();
-            q = q.bind(ev.event.kind.clone()).bind(ev.event.cid.clone()).bind(payload).bind(audience).bind(ev.event.created_at);
-            sized.push((ev, size));
+        for (queued, payload, audience, note) in chunk {
+            let size = payload.len() + note.as_ref().map_or(0, String::len);
+            let e = &queued.event;
+            q = q.bind(e.kind.clone()).bind(e.cid.clone()).bind(payload).bind(audience).bind(note).bind(e.created_at);
+            sized.push((queued, size));
         }
         match backend {
             Backend::Postgres => {
@@ -78,32 +140,37 @@ pub(crate) async fn append(
     Ok(written)
 }
 
+/// The events of one outbox row, with its `seq` and the length of what it stores.
+struct Row {
+    seq: i64,
+    events: Vec<std::sync::Arc<OutboxEvent>>,
+    size: usize,
+}
+
 /// SQLite: a committing transaction's events with their `seq`, for [`Recent`]. Empty on
 /// PostgreSQL. A statement whose numbers were not the run its rows were expected to get adds
 /// none: its events are then numbers [`Recent`] does not hold, read from the table.
 #[derive(Default)]
 pub(crate) struct Written {
-    /// Each event with the length of its stored payload.
-    events: Vec<(std::sync::Arc<OutboxEvent>, usize)>,
+    rows: Vec<Row>,
 }
 
 impl Written {
-    /// Numbers the events of one statement (each with its payload's length) by the `seq` it
-    /// returned for their rows.
-    fn numbered(&mut self, seqs: &[i64], chunk: Vec<(OutboxEvent, usize)>) {
+    /// Numbers the rows of one statement (each with the length of what it stores) by the `seq`
+    /// it returned for them.
+    fn numbered(&mut self, seqs: &[i64], chunk: Vec<(Queued, usize)>) {
         let (Some(&first), Some(&last)) = (seqs.iter().min(), seqs.iter().max()) else { return };
         if last - first + 1 != chunk.len() as i64 || seqs.len() != chunk.len() {
             return;
         }
-        for (seq, (mut ev, size)) in (first..).zip(chunk) {
-            ev.seq = seq;
-            self.events.push((std::sync::Arc::new(ev), size));
+        for (seq, (q, size)) in (first..).zip(chunk) {
+            self.rows.push(Row { seq, events: row_events(seq, q.event, q.audience, q.note), size });
         }
     }
 }
 
-/// The most events, and the most bytes of their payloads, [`Recent`] keeps.
-const RECENT_EVENTS: usize = 2_048;
+/// The most outbox rows, and the most bytes of what they store, [`Recent`] keeps.
+const RECENT_ROWS: usize = 2_048;
 const RECENT_BYTES: usize = 16 << 20;
 
 /// SQLite: the events this process committed last, in `seq` order, as they were before they
@@ -122,41 +189,44 @@ pub(crate) struct Recent {
 
 #[derive(Default)]
 struct Kept {
-    events: std::collections::VecDeque<(std::sync::Arc<OutboxEvent>, usize)>,
+    rows: std::collections::VecDeque<Row>,
     bytes: usize,
 }
 
 impl Recent {
     /// Keeps a committed transaction's events (on the writer, before its lock is released).
     pub(crate) fn keep(&self, written: Written) {
-        if written.events.is_empty() {
+        if written.rows.is_empty() {
             return;
         }
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        for (ev, size) in written.events {
-            if kept.events.back().is_some_and(|(last, _)| last.seq >= ev.seq) {
+        for row in written.rows {
+            if kept.rows.back().is_some_and(|last| last.seq >= row.seq) {
                 *kept = Kept::default();
             }
-            kept.bytes += size;
-            kept.events.push_back((ev, size));
+            kept.bytes += row.size;
+            kept.rows.push_back(row);
         }
-        while kept.events.len() > RECENT_EVENTS || kept.bytes > RECENT_BYTES {
-            let Some((_, size)) = kept.events.pop_front() else { break };
-            kept.bytes -= size;
+        while kept.rows.len() > RECENT_ROWS || kept.bytes > RECENT_BYTES {
+            let Some(row) = kept.rows.pop_front() else { break };
+            kept.bytes -= row.size;
         }
     }
 
-    /// The kept events with `seq > after`, up to `limit`, when the first of them is `after + 1`;
-    /// they end before the first number missing from the run. `None` when there are none.
+    /// The events of the kept rows with `seq > after`, up to `limit` rows, when the first of
+    /// them is `after + 1`; they end before the first number missing from the run. `None` when
+    /// there are none.
     fn after(&self, after: i64, limit: usize) -> Option<Vec<std::sync::Arc<OutboxEvent>>> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let start = kept.events.partition_point(|(ev, _)| ev.seq <= after);
+        let start = kept.rows.partition_point(|row| row.seq <= after);
         let mut out: Vec<std::sync::Arc<OutboxEvent>> = Vec::new();
-        for (ev, _) in kept.events.range(start..).take(limit) {
-            if ev.seq != out.last().map_or(after, |l| l.seq) + 1 {
+        let mut last = after;
+        for row in kept.rows.range(start..).take(limit) {
+            if row.seq != last + 1 {
                 break;
             }
-            out.push(ev.clone());
+            last = row.seq;
+            out.extend(row.events.iter().cloned());
         }
         (!out.is_empty()).then_some(out)
     }
@@ -261,28 +331,40 @@ struct OutboxRow {
     seq: i64,
     payload: String,
     audience: String,
+    note: Option<String>,
 }
 
 impl OutboxRow {
-    /// A payload that no longer decodes (written by another version) becomes an event with an
-    /// empty type and no audience, which every consumer passes over, instead of an error that
-    /// would stop the consumer at that `seq` for ever.
-    fn decode(self) -> OutboxEvent {
+    /// The row's events ([`row_events`]). A payload that no longer decodes (written by another
+    /// version) becomes an event with an empty type and no audience, which every consumer
+    /// passes over, instead of an error that would stop the consumer at that `seq` for ever; a
+    /// notification that no longer decodes is left out, its event is not.
+    fn decode(self) -> Vec<std::sync::Arc<OutboxEvent>> {
         let seq = self.seq;
-        match (serde_json::from_str(&self.payload), serde_json::from_str(&self.audience)) {
-            (Ok(event), Ok(audience)) => OutboxEvent { seq, event, audience },
+        let (event, audience) = match (serde_json::from_str(&self.payload), serde_json::from_str(&self.audience)) {
+            (Ok(event), Ok(audience)) => (event, audience),
             (Err(e), _) | (_, Err(e)) => {
                 tracing::error!(seq, error = %e, "undecodable outbox event; consumers skip it");
-                OutboxEvent { seq, event: Event::default(), audience: Audience::default() }
+                (Event::default(), Audience::default())
             }
-        }
+        };
+        let note = self.note.and_then(|text| match serde_json::from_str(&text) {
+            Ok(note) => Some(note),
+            Err(e) => {
+                tracing::error!(seq, error = %e, "undecodable notification in the outbox; consumers hear only its event");
+                None
+            }
+        });
+        row_events(seq, event, audience, note)
     }
 }
 
 impl Store {
-    /// Events with `seq > after`, oldest first, up to the outbox horizon on PostgreSQL: a
-    /// consumer that moves its cursor to the last one never passes over an event that commits
-    /// later (see [`append`]). On SQLite the events this process committed last come from
+    /// Events with `seq > after`, oldest first, from at most `limit` outbox rows, up to the
+    /// outbox horizon on PostgreSQL: a consumer that moves its cursor to the last one never
+    /// passes over an event that commits later (see [`append`]). A row may hold a notification
+    /// beside its event ([`Note`]): both come, one after the other, with the row's `seq`, and a
+    /// row's events are never split between two reads. On SQLite the events this process committed last come from
     /// memory when they follow `after` without a gap ([`Recent`]).
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<std::sync::Arc<OutboxEvent>>> {
         if let Some(kept) = self.recent.as_ref().and_then(|r| r.after(after, limit.max(0) as usize)) {
@@ -291,14 +373,14 @@ impl Store {
         }
         let horizon = outbox_horizon(self).await?.unwrap_or(i64::MAX);
         let rows: Vec<OutboxRow> =
-            sqlx::query_as("SELECT seq, payload, audience FROM event WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3")
+            sqlx::query_as("SELECT seq, payload, audience, note FROM event WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3")
                 .bind(after)
                 .bind(horizon)
                 .bind(limit)
                 .fetch_all(crate::counted(self.pool()))
                 .await?;
         metrics::counter!("offshoot_outbox_events_read_total", "from" => "database").increment(rows.len() as u64);
-        Ok(rows.into_iter().map(|r| std::sync::Arc::new(r.decode())).collect())
+        Ok(rows.into_iter().flat_map(OutboxRow::decode).collect())
     }
 
     /// What [`Store::events_after`] would return, without the events: the last `seq` (none when
@@ -440,9 +522,8 @@ mod tests {
     use std::sync::Arc;
 
     fn written(seqs: impl IntoIterator<Item = i64>, size: usize) -> Written {
-        let events =
-            seqs.into_iter().map(|seq| (Arc::new(OutboxEvent { seq, event: Event::default(), audience: Audience::default() }), size));
-        Written { events: events.collect() }
+        let rows = seqs.into_iter().map(|seq| Row { seq, events: row_events(seq, Event::default(), Audience::default(), None), size });
+        Written { rows: rows.collect() }
     }
 
     fn seqs(events: Option<Vec<Arc<OutboxEvent>>>) -> Vec<i64> {
@@ -465,7 +546,7 @@ mod tests {
     #[test]
     fn recent_keeps_a_bounded_number_and_size() {
         let recent = Recent::default();
-        recent.keep(written(1..=(RECENT_EVENTS as i64 + 5), 1));
+        recent.keep(written(1..=(RECENT_ROWS as i64 + 5), 1));
         assert_eq!(seqs(recent.after(0, 10)), Vec::<i64>::new(), "the oldest went");
         assert_eq!(seqs(recent.after(5, 2)), vec![6, 7]);
         recent.keep(written([10_000, 10_001, 10_002], RECENT_BYTES / 2));
@@ -475,5 +556,27 @@ mod tests {
         recent.keep(written([50], 1));
         assert_eq!(seqs(recent.after(49, 10)), vec![50], "a number below the kept ones starts over");
         assert_eq!(seqs(recent.after(10_001, 10)), Vec::<i64>::new());
+    }
+
+    /// A row with a notification gives both events, with its `seq`; the limit counts rows, so
+    /// a row's events are never split between two reads.
+    #[test]
+    fn recent_serves_a_rows_notification_with_its_event_and_counts_rows() {
+        let recent = Recent::default();
+        let event = Event { kind: "message.new".into(), cid: Some("agent:x".into()), ..Default::default() };
+        let audience = Audience { watchers_of: Some("agent:x".into()), webhooks: true, ..Default::default() };
+        let channel = Channel { cid: "agent:x".into(), ..Default::default() };
+        let note = Note { kind: "notification.message_new".into(), users: vec!["amy".into()], channel };
+        let mut rows = written([1], 10);
+        rows.rows.push(Row { seq: 2, events: row_events(2, event, audience, Some(note)), size: 10 });
+        rows.rows.extend(written([3], 10).rows);
+        recent.keep(rows);
+        let kinds = |events: Option<Vec<Arc<OutboxEvent>>>| -> Vec<(i64, String)> {
+            events.unwrap_or_default().iter().map(|e| (e.seq, e.event.kind.clone())).collect()
+        };
+        let both = vec![(2, "message.new".to_string()), (2, "notification.message_new".to_string())];
+        assert_eq!(kinds(recent.after(1, 1)), both, "one row, both its events");
+        assert_eq!(kinds(recent.after(0, 2)), [vec![(1, String::new())], both.clone()].concat());
+        assert_eq!(seqs(recent.after(2, 10)), vec![3]);
     }
 }

@@ -284,7 +284,7 @@ pub struct Store {
 pub(crate) struct Tx {
     pub(crate) tx: Transaction<'static, Any>,
     backend: Backend,
-    events: Vec<(offshoot_core::model::Event, offshoot_core::model::Audience)>,
+    events: Vec<events::Queued>,
     pub(crate) cache: Arc<cache::ConfigCache>,
     _guard: Option<Turn>,
 }

@@ -4,14 +4,15 @@
 use crate::channels::{
     event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL,
 };
+use crate::events::Note;
 use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, User, Viewer};
+use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, UnreadCounts, User, Viewer};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use sqlx::any::AnyArguments;
 use sqlx::{AnyConnection, Arguments, AssertSqlSafe};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Message pagination as Stream's `messages` / replies parameters give it.
 #[derive(Debug, Clone, Default)]
@@ -969,20 +970,28 @@ async fn send_in(tx: &mut Tx, cid: &str, new: &NewMessage, author: &User) -> Res
         None => ensure_user(tx, author).await?,
     };
     let m = write_new_message(tx, &ch, new, &author, now).await?;
-    // Every member hears their counters with the message; members who do not watch the
-    // channel hear it as `notification.message_new` (with the channel), as Stream sends it.
     let unread = crate::unread::counts_of_members(&mut tx.tx, cid).await?;
-    let mut ev = event_for("message.new", &ch, Some(author.clone()));
-    ev.message = Some(m.clone());
-    let mut note = ev.clone();
-    note.kind = "notification.message_new".into();
-    note.channel = Some(ch.clone());
-    // Counted here, from the watches of every ws process, not by the process that delivers.
-    ev.extra.insert("watcher_count".into(), watchers.into());
-    let members: Vec<String> = unread.keys().cloned().collect();
-    tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(cid) }).await?;
-    tx.event(note, Audience { users: members, except_watchers_of: Some(cid.to_string()), unread, ..Default::default() }).await?;
+    queue_message_new(tx, &ch, &m, Some(author), watchers, unread).await?;
     Ok((m, ch.truncated_at))
+}
+
+/// Queues a new message's `message.new` for its channel's watchers and webhooks, with the
+/// channel's `watcher_count` (of every process's watches), and with it, in the same outbox row,
+/// the `notification.message_new` (with the channel) that members who do not watch the channel
+/// hear instead, as Stream sends it. Every member hears their counters `unread` with it.
+pub(crate) async fn queue_message_new(
+    tx: &mut Tx,
+    ch: &Channel,
+    m: &Message,
+    author: Option<User>,
+    watchers: i64,
+    unread: BTreeMap<String, UnreadCounts>,
+) -> Result<()> {
+    let mut ev = event_for("message.new", ch, author);
+    ev.message = Some(m.clone());
+    ev.extra.insert("watcher_count".into(), watchers.into());
+    let note = Note { kind: "notification.message_new".into(), users: unread.keys().cloned().collect(), channel: ch.clone() };
+    tx.event_noted(ev, Audience { unread, ..to_watchers_and_hooks(&ch.cid) }, note).await
 }
 
 /// Creates the user on first sight (server-side calls may name users they never upserted).

@@ -17,11 +17,11 @@
 //! unread totals as they are after the whole group (a lone send's are as after it).
 
 use crate::batch::QueuedSend;
-use crate::channels::{bump_channels, event_for, lock_channels, to_watchers_and_hooks};
+use crate::channels::{bump_channels, lock_channels};
 use crate::messages::{check_parent, check_quote, check_reserved, ensure_user, id_taken, insert_new_rows, load_messages, new_row};
 use crate::users::load_users;
 use crate::{domain, not_found, rows, Result, Store};
-use offshoot_core::model::{Audience, Channel, Message};
+use offshoot_core::model::{Channel, Message};
 use offshoot_core::{ids, time};
 use sqlx::AssertSqlSafe;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -127,15 +127,8 @@ impl Store {
             ch.last_message_at = Some(ch.last_message_at.map_or(m.created_at, |at| at.max(m.created_at)));
             ch.updated_at = last_at;
             let unread = totals.get(&m.cid).cloned().unwrap_or_default();
-            let mut ev = event_for("message.new", ch, m.user.clone());
-            ev.message = Some(m.clone());
-            let mut note = ev.clone();
-            note.kind = "notification.message_new".into();
-            note.channel = Some(ch.clone());
-            ev.extra.insert("watcher_count".into(), watchers.get(&m.cid).copied().unwrap_or(0).into());
-            let members: Vec<String> = unread.keys().cloned().collect();
-            tx.event(ev, Audience { unread: unread.clone(), ..to_watchers_and_hooks(&m.cid) }).await?;
-            tx.event(note, Audience { users: members, except_watchers_of: Some(m.cid.clone()), unread, ..Default::default() }).await?;
+            let watchers = watchers.get(&m.cid).copied().unwrap_or(0);
+            crate::messages::queue_message_new(&mut tx, ch, &m, m.user.clone(), watchers, unread).await?;
             outcomes[i] = Some(Ok((m, ch.truncated_at)));
         }
         tx.commit(self).await?;

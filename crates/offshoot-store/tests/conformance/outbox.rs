@@ -74,7 +74,10 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
                 "channel.deleted",
             ])
         );
-        assert!(events.windows(2).all(|w| w[0].seq < w[1].seq), "seq ascends");
+        // A send's notification is stored in its event's row and shares its `seq`.
+        let shared =
+            |w: &[offshoot_core::model::OutboxEvent]| w[1].event.kind == "notification.message_new" && w[0].event.kind == "message.new";
+        assert!(events.windows(2).all(|w| w[0].seq < w[1].seq || (w[0].seq == w[1].seq && shared(w))), "seq ascends");
         assert_eq!(s.last_event_seq().await.expect("seq"), events.last().expect("events").seq);
         assert!(events.iter().all(|e| e.event.cid.as_deref() == Some(cid.as_str())), "every event names its channel");
         for e in &events {
@@ -125,6 +128,54 @@ async fn every_change_writes_its_events_to_the_outbox_in_order() {
         assert!(by_kind("channel.truncated").channel.and_then(|c| c.truncated_at).is_some());
         assert_eq!(by_kind("member.removed").member.map(|m| m.user_id), Some("amy".to_string()));
         assert!(by_kind("channel.deleted").channel.and_then(|c| c.deleted_at).is_some());
+    })
+    .await;
+}
+
+/// A send's `notification.message_new` is stored in the row of its `message.new` (one row a
+/// send, not two, each with the message): it is read back as both events with the row's `seq`,
+/// never split between two reads, the same from memory and from the table, and is the
+/// `message.new` with the channel, without the channel's watcher count, to the members who do
+/// not watch it. A notification that no longer decodes is left out, its event is not.
+#[tokio::test]
+async fn a_sends_notification_is_stored_in_its_events_row_and_read_back_with_it() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let ch = agent_channel(s, "noted", &["amy", "ben"]).await;
+        let before = s.last_event_seq().await.expect("seq");
+        s.send_message(&ch.cid, &msg("noted-1", "hello"), &user("amy")).await.expect("send");
+        let pool = sqlx::AnyPool::connect(&ctx.url).await.expect("connect");
+        let rows: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM event WHERE seq > $1").bind(before).fetch_one(&pool).await.expect("count rows");
+        assert_eq!(rows, 1, "one outbox row for the send");
+
+        let events = s.events_after(before, 1).await.expect("events");
+        assert_eq!(kinds(&events.iter().map(|e| (**e).clone()).collect::<Vec<_>>()), strings(&["message.new", "notification.message_new"]));
+        assert_eq!(events[0].seq, events[1].seq, "both carry the row's seq");
+        assert!(s.events_after(events[0].seq, 10).await.expect("events").is_empty(), "the next read starts after the row");
+        let (new, note) = (&events[0].event, &events[1].event);
+        assert!(new.extra.contains_key("watcher_count"), "the channel's watchers hear the watcher count");
+        let mut expected = new.clone();
+        expected.kind = "notification.message_new".into();
+        expected.channel = Some(s.get_channel(&ch.cid).await.expect("read").expect("exists"));
+        expected.extra = Map::new();
+        assert_eq!(*note, expected, "the message.new with the channel as the send left it");
+        let unread = events[0].audience.unread.clone();
+        assert_eq!(unread.keys().cloned().collect::<Vec<_>>(), strings(&["amy", "ben"]));
+        assert_eq!(events[0].audience, Audience { unread: unread.clone(), ..watchers_and_hooks(&ch.cid) });
+        assert_eq!(
+            events[1].audience,
+            Audience { users: strings(&["amy", "ben"]), except_watchers_of: Some(ch.cid.clone()), unread, ..Default::default() }
+        );
+        // Another store (as another process: on SQLite it reads the table, not this one's memory).
+        let other = Store::connect(&ctx.url).await.expect("a second store, as another process");
+        assert_eq!(other.events_after(before, 1).await.expect("events"), events);
+
+        sqlx::query("UPDATE event SET note = '{' WHERE seq = $1").bind(events[0].seq).execute(&pool).await.expect("break the note");
+        let read = other.events_after(before, 10).await.expect("events");
+        assert_eq!(read, events[..1].to_vec(), "the event without its undecodable notification");
+        other.close().await;
+        pool.close().await;
     })
     .await;
 }
