@@ -1,5 +1,7 @@
 //! The transactional outbox. Events are written in the transaction of the change they
-//! announce; consumers read them in `seq` order from a cursor of their own.
+//! announce; consumers read them in `seq` order from a cursor of their own. A row holds one
+//! event, or one event and the notification that repeats it to members who do not watch its
+//! channel ([`Note`]); both are read with the row's `seq`.
 
 use crate::{Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, Event, OutboxEvent};
