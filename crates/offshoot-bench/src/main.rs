@@ -231,17 +231,36 @@ fn meminfo_kib(field: &str) -> Option<u64> {
 }
 
 /// Has the kernel write back every dirty page (`sync`) and prints how much there was and how
-/// long it took. Figure c begins with it: the seeding before it writes hundreds of MB, which
-/// the kernel writes back all at once when they are 30 s old; that fell inside c's windows and
-/// every commit waited 70–150 ms behind it (BENCHMARKS.md, twenty-second session). c measures
-/// what the backfills cost the sends, not what the seeding does.
-async fn settle_disk(figure: &str) -> Result<()> {
+/// long it took. The figures that measure a latency under their own load (c, d, e, f) begin
+/// with it: the seeding and the figures before them write hundreds of MB, which the kernel
+/// writes back all at once when they are 30 s old; that fell inside c's windows and every
+/// commit waited 70–150 ms behind it (BENCHMARKS.md, twenty-second session), and inside f's
+/// second step, 30 s after c's backfills (twenty-third session). Each figure measures what its
+/// own load costs, not what the one before it wrote; the writes of its own earlier steps still
+/// fall inside its later ones.
+pub async fn settle_disk(figure: &str) -> Result<()> {
     let dirty = meminfo_kib("Dirty:").unwrap_or(0);
     let started = Instant::now();
     let status = tokio::task::spawn_blocking(|| std::process::Command::new("sync").status()).await??;
     ensure!(status.success(), "sync failed: {status}");
     println!("  [{}] before {figure}: {:.0} MB of dirty pages written back in {}", clock(), dirty as f64 / 1024.0, ms(started.elapsed()));
     Ok(())
+}
+
+/// The kernel's settings for writing back dirty pages, which decide how much a commit's flush
+/// can queue behind (BENCHMARKS.md, twenty-second and twenty-third sessions).
+fn writeback_settings() -> String {
+    let read =
+        |name: &str| std::fs::read_to_string(format!("/proc/sys/vm/{name}")).map(|v| v.trim().to_string()).unwrap_or_else(|_| "?".into());
+    let background = match read("dirty_background_bytes").as_str() {
+        "0" | "?" => format!("{} % of memory", read("dirty_background_ratio")),
+        bytes => format!("{bytes} bytes"),
+    };
+    format!(
+        "kernel writeback: in the background past {background}, of pages dirty for {} cs, every {} cs",
+        read("dirty_expire_centisecs"),
+        read("dirty_writeback_centisecs")
+    )
 }
 
 fn load_average() -> String {
@@ -743,6 +762,7 @@ async fn sends_during_backfills(api: &Api, source: &seed::Source, args: &Args, r
 /// f. Steps the offered send rate up until the p99 passes 50 ms or requests fail.
 async fn send_rate(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
     let channels = chat_channels(api, "f-chat-", 20, &[]).await?;
+    settle_disk("f").await?;
     // Warm-up: connections and caches.
     send_at(api, &channels, 200.0, Duration::from_secs(1), None).await;
     let step = Duration::from_secs_f64(args.f_step.unwrap_or(args.step_secs.min(5.0)));
@@ -936,6 +956,7 @@ async fn bench(args: Args) -> Result<()> {
     println!("offshoot-bench on {machine}{}", if args.quick { " (--quick)" } else { "" });
     let nofile = raise_nofile();
     println!("{nofile}");
+    println!("{}", writeback_settings());
     if cfg!(debug_assertions) {
         println!("WARNING: a debug build; run `cargo run --release -p offshoot-bench` for real figures");
     }

@@ -265,6 +265,7 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     for (c, room) in rooms.iter().enumerate() {
         channel_with(api, room, &users[1_000 + c * 10..1_000 + c * 10 + 10]).await?;
     }
+    crate::settle_disk("d").await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_before = server.rss_kib().context("the server's VmRSS")?;
     let board = Arc::new(Board::default());
@@ -414,6 +415,7 @@ async fn streaming(server: &Server, args: &Args, report: &mut Report) -> Result<
     let api = &server.api;
     let ws_base = api.ws_base();
     seed::users(api).await?;
+    crate::settle_disk("e").await?;
     let default: &[usize] = if args.quick { &[5, 10, 50, 100] } else { &[5, 10, 25, 50, 100, 150, 200, 300] };
     let steps = args.streams.as_deref().unwrap_or(default);
     let mut best = 0;
