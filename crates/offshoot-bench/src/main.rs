@@ -85,6 +85,9 @@ pub struct Args {
     rates: Vec<f64>,
     /// Seconds of each step of figure f when not the default (to profile one rate).
     f_step: Option<f64>,
+    /// The Query Channels requests figure g measures when not the default (100, 20 with
+    /// `--quick`; `--g-queries 2000` to profile it).
+    g_queries: Option<usize>,
     /// The numbers of concurrent streams of figure e when not the default (`--streams 100` to
     /// profile one).
     pub streams: Option<Vec<usize>>,
@@ -110,6 +113,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
         step_secs: 10.0,
         rates: vec![100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0],
         f_step: None,
+        g_queries: None,
         streams: None,
         pg_url: std::env::var("OFFSHOOT_BENCH_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string()),
     };
@@ -138,6 +142,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
             "--reps" => args.reps = value()?.parse().context("--reps")?,
             "--clients" => args.clients = value()?.parse().context("--clients")?,
             "--f-step-secs" => args.f_step = Some(value()?.parse().context("--f-step-secs")?),
+            "--g-queries" => args.g_queries = Some(value()?.parse().context("--g-queries")?),
             "--rates" => {
                 args.rates =
                     value()?.split(',').map(|r| r.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().context("--rates")?
@@ -150,7 +155,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
             "--pg-url" => args.pg_url = value()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--rates R,R…] [--f-step-secs S] [--streams N,N…] [--pg-url URL]\n\
+                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--rates R,R…] [--f-step-secs S] [--g-queries N] [--streams N,N…] [--pg-url URL]\n\
                      PostgreSQL: --pg-url or OFFSHOOT_BENCH_PG_URL (default {DEFAULT_PG_URL}); fresh databases are created there and dropped.\n\
                      --quick: small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps."
                 );
@@ -813,7 +818,7 @@ async fn query_channels(api: &Api, args: &Args, report: &mut Report) -> Result<(
         "sort": [{"field": "last_message_at", "direction": -1}],
         "limit": 30, "state": true, "watch": false, "presence": false
     });
-    let reps = if args.quick { 20 } else { 100 };
+    let reps = args.g_queries.unwrap_or(if args.quick { 20 } else { 100 }).max(1);
     let (mut sample, mut with_parse, mut size) = (Vec::new(), Vec::new(), 0);
     let mut cpu = None;
     for i in 0..reps + 5 {
