@@ -361,6 +361,12 @@ impl OutboxRow {
     }
 }
 
+/// How many outbox rows `events` (as [`Store::events_after`] returns them) came from: a row's
+/// events share its `seq`. A consumer that asked for `limit` rows and got fewer has caught up.
+pub fn outbox_rows(events: &[std::sync::Arc<OutboxEvent>]) -> i64 {
+    events.chunk_by(|a, b| a.seq == b.seq).count() as i64
+}
+
 impl Store {
     /// Events with `seq > after`, oldest first, from at most `limit` outbox rows, up to the
     /// outbox horizon on PostgreSQL: a consumer that moves its cursor to the last one never
@@ -381,8 +387,9 @@ impl Store {
                 .bind(limit)
                 .fetch_all(crate::counted(self.pool()))
                 .await?;
-        metrics::counter!("offshoot_outbox_events_read_total", "from" => "database").increment(rows.len() as u64);
-        Ok(rows.into_iter().flat_map(OutboxRow::decode).collect())
+        let events: Vec<_> = rows.into_iter().flat_map(OutboxRow::decode).collect();
+        metrics::counter!("offshoot_outbox_events_read_total", "from" => "database").increment(events.len() as u64);
+        Ok(events)
     }
 
     /// What [`Store::events_after`] would return, without the events: the last `seq` (none when
@@ -580,5 +587,9 @@ mod tests {
         assert_eq!(kinds(recent.after(1, 1)), both, "one row, both its events");
         assert_eq!(kinds(recent.after(0, 2)), [vec![(1, String::new())], both.clone()].concat());
         assert_eq!(seqs(recent.after(2, 10)), vec![3]);
+        // Three events from two rows: a consumer that asked for two rows has not caught up.
+        assert_eq!(outbox_rows(&recent.after(0, 2).unwrap_or_default()), 2);
+        assert_eq!(outbox_rows(&recent.after(0, 10).unwrap_or_default()), 3);
+        assert_eq!(outbox_rows(&[]), 0);
     }
 }

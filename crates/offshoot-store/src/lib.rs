@@ -87,7 +87,7 @@ pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMa
 pub use counted::count_statements;
 pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
-pub use events::OUTBOX_READ_GAP;
+pub use events::{outbox_rows, OUTBOX_READ_GAP};
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{is_visible, Editor, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};

@@ -212,7 +212,7 @@ async fn queue_new(shared: &Shared, cursor: &mut Cursor) -> Result<(), BoxDynErr
         } else {
             let batch = store.events_after(from, BATCH).await?;
             let jobs = delivery_jobs(store, &settings, &batch).await?;
-            (batch.last().map(|e| e.seq), batch.len() as i64, jobs)
+            (batch.last().map(|e| e.seq), offshoot_store::outbox_rows(&batch), jobs)
         };
         let Some(to) = last else {
             if cursor.due() {

@@ -279,7 +279,7 @@ impl Hub {
                 *seq = ev.seq;
             }
             offshoot_store::set_consumer_cursor("websocket", *seq);
-            if (batch.len() as i64) < BATCH {
+            if offshoot_store::outbox_rows(&batch) < BATCH {
                 return Ok(());
             }
         }
