@@ -166,6 +166,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
     }
     ensure!(args.forks >= 5 && args.forks + 5 <= 100, "--forks must be between 5 and 95 (100 forks per source at most)");
     ensure!(args.reps >= 1, "--reps must be positive");
+    ensure!(args.g_queries != Some(0), "--g-queries must be positive");
     ensure!(args.clients >= 1_100, "--clients must be at least 1,100 (1,000 watchers of one channel and 100 × 10 more)");
     Ok(args)
 }
@@ -818,7 +819,7 @@ async fn query_channels(api: &Api, args: &Args, report: &mut Report) -> Result<(
         "sort": [{"field": "last_message_at", "direction": -1}],
         "limit": 30, "state": true, "watch": false, "presence": false
     });
-    let reps = args.g_queries.unwrap_or(if args.quick { 20 } else { 100 }).max(1);
+    let reps = args.g_queries.unwrap_or(if args.quick { 20 } else { 100 });
     let (mut sample, mut with_parse, mut size) = (Vec::new(), Vec::new(), 0);
     let mut cpu = None;
     for i in 0..reps + 5 {
