@@ -9,11 +9,11 @@ use crate::input::{
 use crate::state::ApiState;
 use axum::extract::State;
 use axum::Json;
-use offshoot_core::model::{Audience, Channel, Event, Message, NewMessage, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
+use offshoot_core::model::{Audience, Channel, Event, Member, NewMessage, User, Viewer, UNWATCH_EVENT, WATCH_EVENT};
 use offshoot_core::query::{self, ChannelSortField, Sort};
 use offshoot_core::render;
 use offshoot_core::{ids, perm, time, Error};
-use offshoot_store::{ChannelFilter, ChannelState, ChannelUpdate, MemberInput, NewChannel, Page};
+use offshoot_store::{ChannelFilter, ChannelState, ChannelUpdate, MemberInput, NewChannel, Page, ReadState};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -73,75 +73,97 @@ pub(crate) async fn channel_state(
     Ok(render_state(ctx, ch, state, watcher_count).into_map())
 }
 
-/// A channel and its state as a channel query renders them. The messages are written straight
-/// to the response ([`render::MessagesOut`]): a Query Channels page holds hundreds of them
-/// (BENCHMARKS.md, "Query Channels, typed renderers"); the rest is a small map.
+/// A channel and its state as a channel query renders them, written straight to the response
+/// by the typed views of [`render`]: a Query Channels page holds hundreds of messages and
+/// members, and building a `Value` tree of them first was most of its time (BENCHMARKS.md,
+/// "Query Channels, typed renderers", and the twenty-fourth session).
 pub(crate) struct StateOut {
     dialect: render::Dialect,
-    rest: Map<String, Value>,
-    messages: Vec<Message>,
-    pinned: Vec<Message>,
+    channel: Channel,
+    own_capabilities: Vec<&'static str>,
+    watcher_count: i64,
+    state: ChannelState,
+    /// The viewer's place in `state.members`, when they are one of them.
+    membership: Option<usize>,
 }
 
 impl StateOut {
     /// The state as one map, for the endpoints that add to it.
     fn into_map(self) -> Map<String, Value> {
-        let d = self.dialect;
-        let mut o = self.rest;
-        o.insert("messages".into(), self.messages.iter().map(|m| render::message(d, m)).collect());
-        o.insert("pinned_messages".into(), self.pinned.iter().map(|m| render::message(d, m)).collect());
-        o
+        match serde_json::to_value(&self) {
+            Ok(Value::Object(o)) => o,
+            _ => Map::new(),
+        }
     }
 }
 
 impl Serialize for StateOut {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut o = s.serialize_map(Some(self.rest.len() + 2))?;
-        for (k, v) in &self.rest {
-            o.serialize_entry(k, v)?;
+        let d = self.dialect;
+        let ChannelState { members, reads, messages, pinned, .. } = &self.state;
+        let mut o = s.serialize_map(None)?;
+        o.serialize_entry("channel", &render::ChannelOut { dialect: d, channel: &self.channel, own_capabilities: &self.own_capabilities })?;
+        o.serialize_entry("members", &MembersOut(d, members))?;
+        o.serialize_entry("read", &ReadsOut(d, reads, members))?;
+        o.serialize_entry("watcher_count", &self.watcher_count)?;
+        o.serialize_entry("watchers", &[] as &[Value])?;
+        o.serialize_entry("threads", &[] as &[Value])?;
+        o.serialize_entry("hidden", &false)?;
+        if let Some(m) = self.membership.and_then(|i| members.get(i)) {
+            o.serialize_entry("membership", &render::MemberOut(d, m))?;
         }
-        o.serialize_entry("messages", &render::MessagesOut(self.dialect, &self.messages))?;
-        o.serialize_entry("pinned_messages", &render::MessagesOut(self.dialect, &self.pinned))?;
+        o.serialize_entry("messages", &render::MessagesOut(d, messages))?;
+        o.serialize_entry("pinned_messages", &render::MessagesOut(d, pinned))?;
+        o.end()
+    }
+}
+
+/// A channel's first members.
+struct MembersOut<'a>(render::Dialect, &'a [Member]);
+
+impl Serialize for MembersOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.1.iter().map(|m| render::MemberOut(self.0, m)))
+    }
+}
+
+/// The read states of a channel's first members, each with the member's user (a placeholder
+/// when the member is not among them).
+struct ReadsOut<'a>(render::Dialect, &'a [ReadState], &'a [Member]);
+
+impl Serialize for ReadsOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let ReadsOut(d, reads, members) = *self;
+        s.collect_seq(reads.iter().map(|r| ReadOut(d, r, members.iter().find(|m| m.user_id == r.user_id).and_then(|m| m.user.as_ref()))))
+    }
+}
+
+/// A member's read state (the wire's `read` entry).
+struct ReadOut<'a>(render::Dialect, &'a ReadState, Option<&'a User>);
+
+impl Serialize for ReadOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let ReadOut(d, r, user) = *self;
+        let mut o = s.serialize_map(None)?;
+        match user {
+            Some(u) => o.serialize_entry("user", &render::UserOut(d, u))?,
+            None => o.serialize_entry("user", &render::UserOut(d, &User::placeholder(&r.user_id, "user")))?,
+        }
+        o.serialize_entry("last_read", &render::TsOut(d, r.last_read))?;
+        o.serialize_entry("unread_messages", &r.unread_messages)?;
+        if let Some(mid) = &r.last_read_message_id {
+            o.serialize_entry("last_read_message_id", mid)?;
+        }
         o.end()
     }
 }
 
 fn render_state(ctx: &Ctx, ch: &Channel, state: ChannelState, watcher_count: i64) -> StateOut {
-    let d = ctx.dialect;
-    let ChannelState { is_member: member, messages, pinned, members, reads } = state;
-    let caps = perm::own_capabilities(&ctx.viewer, member, &ch.kind);
-    let mut o = Map::new();
-    o.insert("channel".into(), render::channel(d, ch, &caps));
-    o.insert("members".into(), members.iter().map(|m| render::member(d, m)).collect());
-    o.insert(
-        "read".into(),
-        reads
-            .iter()
-            .map(|r| {
-                let u = members
-                    .iter()
-                    .find(|m| m.user_id == r.user_id)
-                    .and_then(|m| m.user.clone())
-                    .unwrap_or_else(|| User::placeholder(&r.user_id, "user"));
-                let mut o = json!({"user": render::user(d, &u), "last_read": d.ts(r.last_read), "unread_messages": r.unread_messages});
-                if let Some(mid) = &r.last_read_message_id {
-                    o["last_read_message_id"] = mid.clone().into();
-                }
-                o
-            })
-            .collect(),
-    );
-    o.insert("watcher_count".into(), watcher_count.into());
-    o.insert("watchers".into(), json!([]));
-    o.insert("threads".into(), json!([]));
-    o.insert("hidden".into(), false.into());
-    if let Some(uid) = ctx.viewer.user_id() {
-        if let Some(m) = members.iter().find(|m| m.user_id == uid) {
-            o.insert("membership".into(), render::member(d, m));
-        }
-    }
-    StateOut { dialect: d, rest: o, messages, pinned }
+    let own_capabilities = perm::own_capabilities(&ctx.viewer, state.is_member, &ch.kind);
+    let membership = ctx.viewer.user_id().and_then(|uid| state.members.iter().position(|m| m.user_id == uid));
+    StateOut { dialect: ctx.dialect, channel: ch.clone(), own_capabilities, watcher_count, state, membership }
 }
 
 /// The body of a channel query (`POST /channels/{type}/{id}/query` and the distinct

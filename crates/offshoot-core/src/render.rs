@@ -1,7 +1,7 @@
 //! The two wire dialects. Legacy: RFC 3339 timestamps, custom fields flat on the object. v2:
 //! Unix-nanosecond timestamps, custom fields nested under `custom`. One model, two renderers.
 
-use crate::model::{Channel, Event, ForkStatus, ForkSummary, Member, Message, Reaction, User};
+use crate::model::{Channel, ChannelType, Event, ForkStatus, ForkSummary, Member, Message, Reaction, User};
 use crate::time::{to_rfc3339, Ts};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -48,12 +48,6 @@ fn obj(v: Value) -> Map<String, Value> {
     }
 }
 
-fn put_opt_ts(d: Dialect, o: &mut Map<String, Value>, key: &str, ts: Option<Ts>) {
-    if let Some(t) = ts {
-        o.insert(key.into(), d.ts(t));
-    }
-}
-
 pub fn user(d: Dialect, u: &User) -> Value {
     to_value(UserOut(d, u))
 }
@@ -72,10 +66,6 @@ pub fn full_user(d: Dialect, u: &User, unread: crate::model::UnreadCounts) -> Va
         }
     }
     v
-}
-
-fn user_or_id(d: Dialect, u: Option<&User>, id: &str) -> Value {
-    to_value(UserOrId(d, u, id))
 }
 
 /// The fork summary as `channel.fork` and event `fork` carry it (no `message_id_map`).
@@ -105,72 +95,11 @@ pub fn fork(d: Dialect, f: &ForkSummary) -> Value {
 }
 
 pub fn channel(d: Dialect, ch: &Channel, own_capabilities: &[&str]) -> Value {
-    let mut o = obj(json!({
-        "id": ch.id,
-        "type": ch.kind,
-        "cid": ch.cid,
-        "created_at": d.ts(ch.created_at),
-        "updated_at": d.ts(ch.updated_at),
-        "frozen": ch.frozen,
-        "disabled": ch.disabled,
-        "member_count": ch.member_count,
-        "message_count": ch.message_count,
-        "own_capabilities": own_capabilities,
-        "hidden": false,
-        "cooldown": 0,
-        "filter_tags": [],
-    }));
-    if let Some(u) = &ch.created_by {
-        o.insert("created_by".into(), user(d, u));
-    } else if let Some(id) = &ch.created_by_id {
-        o.insert("created_by".into(), user_or_id(d, None, id));
-    }
-    if let Some(t) = &ch.team {
-        o.insert("team".into(), t.clone().into());
-    }
-    put_opt_ts(d, &mut o, "last_message_at", ch.last_message_at);
-    put_opt_ts(d, &mut o, "deleted_at", ch.deleted_at);
-    put_opt_ts(d, &mut o, "truncated_at", ch.truncated_at);
-    if let Some(t) = &ch.truncated_by_id {
-        o.insert("truncated_by_id".into(), t.clone().into());
-        o.insert("truncated_by".into(), user_or_id(d, None, t));
-    }
-    if let Some(f) = &ch.fork {
-        o.insert("fork".into(), fork(d, f));
-    }
-    if let Some(c) = &ch.config {
-        let mut cfg = obj(json!({
-            "name": c.name,
-            "typing_events": true, "read_events": true, "connect_events": true, "search": true,
-            "reactions": true, "replies": true, "quotes": true, "mutes": true, "uploads": true,
-            "url_enrichment": false, "custom_events": true, "push_notifications": true,
-            "count_messages": true, "delivery_events": false, "polls": false, "reminders": false, "user_message_reminders": false,
-            "shared_locations": false, "mark_messages_pending": false, "skip_last_msg_update_for_system_msgs": false,
-            "message_retention": "infinite", "max_message_length": c.max_message_length,
-            "automod": "disabled", "automod_behavior": "flag", "commands": [],
-            "created_at": d.ts(c.created_at), "updated_at": d.ts(c.updated_at),
-        }));
-        for (k, v) in &c.extra {
-            cfg.insert(k.clone(), v.clone());
-        }
-        o.insert("config".into(), Value::Object(cfg));
-    }
-    d.with_custom(o, &ch.custom)
+    to_value(ChannelOut { dialect: d, channel: ch, own_capabilities })
 }
 
 pub fn member(d: Dialect, m: &Member) -> Value {
-    let o = obj(json!({
-        "user_id": m.user_id,
-        "user": user_or_id(d, m.user.as_ref(), &m.user_id),
-        "channel_role": m.channel_role,
-        "role": if m.channel_role == "channel_moderator" { "moderator" } else { "member" },
-        "banned": false,
-        "shadow_banned": false,
-        "notifications_muted": false,
-        "created_at": d.ts(m.created_at),
-        "updated_at": d.ts(m.updated_at),
-    }));
-    d.with_custom(o, &m.custom)
+    to_value(MemberOut(d, m))
 }
 
 pub fn reaction(d: Dialect, r: &Reaction) -> Value {
@@ -219,7 +148,7 @@ fn to_value(view: impl Serialize) -> Value {
 // Channels, typed renderers"). The `Value` renderers above are these views, converted.
 
 /// A timestamp in the dialect's form.
-struct TsOut(Dialect, Ts);
+pub struct TsOut(pub Dialect, pub Ts);
 
 impl Serialize for TsOut {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -297,6 +226,142 @@ impl Serialize for UserOut<'_> {
         o.put_ts(d, "last_active", u.last_active)?;
         o.put_ts(d, "deleted_at", u.deleted_at)?;
         o.end_with_custom(d, &u.custom)
+    }
+}
+
+/// A channel (the wire's channel object) with the viewer's capabilities in it.
+pub struct ChannelOut<'a> {
+    pub dialect: Dialect,
+    pub channel: &'a Channel,
+    pub own_capabilities: &'a [&'a str],
+}
+
+impl Serialize for ChannelOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (d, ch) = (self.dialect, self.channel);
+        let mut o = Obj::new(s)?;
+        o.put("id", &ch.id)?;
+        o.put("type", &ch.kind)?;
+        o.put("cid", &ch.cid)?;
+        o.put("created_at", &TsOut(d, ch.created_at))?;
+        o.put("updated_at", &TsOut(d, ch.updated_at))?;
+        o.put("frozen", &ch.frozen)?;
+        o.put("disabled", &ch.disabled)?;
+        o.put("member_count", &ch.member_count)?;
+        o.put("message_count", &ch.message_count)?;
+        o.put("own_capabilities", self.own_capabilities)?;
+        o.put("hidden", &false)?;
+        o.put("cooldown", &0)?;
+        o.put("filter_tags", &[] as &[&str])?;
+        if let Some(u) = &ch.created_by {
+            o.put("created_by", &UserOut(d, u))?;
+        } else if let Some(id) = &ch.created_by_id {
+            o.put("created_by", &UserOrId(d, None, id))?;
+        }
+        if let Some(t) = &ch.team {
+            o.put("team", t)?;
+        }
+        o.put_ts(d, "last_message_at", ch.last_message_at)?;
+        o.put_ts(d, "deleted_at", ch.deleted_at)?;
+        o.put_ts(d, "truncated_at", ch.truncated_at)?;
+        if let Some(t) = &ch.truncated_by_id {
+            o.put("truncated_by_id", t)?;
+            o.put("truncated_by", &UserOrId(d, None, t))?;
+        }
+        if let Some(f) = &ch.fork {
+            o.put("fork", &fork(d, f))?;
+        }
+        if let Some(c) = &ch.config {
+            o.put("config", &ConfigOut(d, c))?;
+        }
+        o.end_with_custom(d, &ch.custom)
+    }
+}
+
+/// A channel type's settings as a channel carries them (`config`): the features Offshoot has,
+/// then the type's own settings, which win over them.
+struct ConfigOut<'a>(Dialect, &'a ChannelType);
+
+impl Serialize for ConfigOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let ConfigOut(d, c) = *self;
+        const ON: &[&str] = &[
+            "typing_events",
+            "read_events",
+            "connect_events",
+            "search",
+            "reactions",
+            "replies",
+            "quotes",
+            "mutes",
+            "uploads",
+            "custom_events",
+            "push_notifications",
+            "count_messages",
+        ];
+        const OFF: &[&str] = &[
+            "url_enrichment",
+            "delivery_events",
+            "polls",
+            "reminders",
+            "user_message_reminders",
+            "shared_locations",
+            "mark_messages_pending",
+            "skip_last_msg_update_for_system_msgs",
+        ];
+        let mut map = s.serialize_map(None)?;
+        let x = &c.extra;
+        put_unless(&mut map, x, "name", &c.name)?;
+        for key in ON {
+            put_unless(&mut map, x, key, &true)?;
+        }
+        for key in OFF {
+            put_unless(&mut map, x, key, &false)?;
+        }
+        put_unless(&mut map, x, "message_retention", "infinite")?;
+        put_unless(&mut map, x, "max_message_length", &c.max_message_length)?;
+        put_unless(&mut map, x, "automod", "disabled")?;
+        put_unless(&mut map, x, "automod_behavior", "flag")?;
+        put_unless(&mut map, x, "commands", &[] as &[&str])?;
+        put_unless(&mut map, x, "created_at", &TsOut(d, c.created_at))?;
+        put_unless(&mut map, x, "updated_at", &TsOut(d, c.updated_at))?;
+        for (k, v) in &c.extra {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// An entry, unless `overrides` has its key (to be written after).
+fn put_unless<M: SerializeMap, V: Serialize + ?Sized>(
+    map: &mut M,
+    overrides: &Map<String, Value>,
+    key: &str,
+    value: &V,
+) -> Result<(), M::Error> {
+    match overrides.contains_key(key) {
+        true => Ok(()),
+        false => map.serialize_entry(key, value),
+    }
+}
+
+/// A member (the wire's channel member object).
+pub struct MemberOut<'a>(pub Dialect, pub &'a Member);
+
+impl Serialize for MemberOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let MemberOut(d, m) = *self;
+        let mut o = Obj::new(s)?;
+        o.put("user_id", &m.user_id)?;
+        o.put("user", &UserOrId(d, m.user.as_ref(), &m.user_id))?;
+        o.put("channel_role", &m.channel_role)?;
+        o.put("role", if m.channel_role == "channel_moderator" { "moderator" } else { "member" })?;
+        o.put("banned", &false)?;
+        o.put("shadow_banned", &false)?;
+        o.put("notifications_muted", &false)?;
+        o.put("created_at", &TsOut(d, m.created_at))?;
+        o.put("updated_at", &TsOut(d, m.updated_at))?;
+        o.end_with_custom(d, &m.custom)
     }
 }
 
@@ -486,7 +551,7 @@ impl Serialize for MessagesOut<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Message, Reaction, User};
+    use crate::model::{Channel, ChannelType, ForkStatus, ForkSummary, Member, Message, Reaction, User};
 
     fn person(id: &str, custom: Value) -> User {
         User {
@@ -567,6 +632,65 @@ mod tests {
         }
     }
 
+    /// A member with custom fields that collide with known keys and with new ones.
+    fn rich_member() -> Member {
+        Member {
+            cid: "agent:c".into(),
+            user_id: "amy".into(),
+            user: Some(person("amy", json!({"color": "green"}))),
+            channel_role: "channel_moderator".into(),
+            custom: obj(json!({"role": "spoof", "banned": true, "nickname": "A"})),
+            created_at: 1_000_000_000,
+            updated_at: 2_000_000_000,
+        }
+    }
+
+    /// A channel with every optional part set, custom fields that collide with known keys, and a
+    /// type whose extra settings override known ones.
+    fn rich_channel() -> Channel {
+        Channel {
+            cid: "agent:c".into(),
+            kind: "agent".into(),
+            id: "c".into(),
+            created_by_id: Some("amy".into()),
+            created_by: Some(person("amy", json!({}))),
+            team: Some("red".into()),
+            custom: obj(json!({"name": "Room", "frozen": "spoof", "cid": "spoof"})),
+            frozen: true,
+            disabled: false,
+            created_at: 1_000_000_000,
+            updated_at: 2_000_000_000,
+            deleted_at: Some(3_000_000_000),
+            truncated_at: Some(4_000_000_000),
+            truncated_by_id: Some("ben".into()),
+            last_message_at: Some(5_000_000_000),
+            member_count: 7,
+            message_count: 42,
+            fork: Some(ForkSummary {
+                channel_cid: "agent:c".into(),
+                source_channel_cid: "agent:src".into(),
+                source_message_id: "m9".into(),
+                status: ForkStatus::Completed,
+                copied_message_count: 41,
+                total_message_count: Some(41),
+                truncated: true,
+                oldest_source_message_id: Some("m0".into()),
+                failed_reason: None,
+                task_id: Some("t1".into()),
+                created_by_id: Some("amy".into()),
+                created_at: 6_000_000_000,
+                updated_at: 6_000_000_000,
+            }),
+            config: Some(ChannelType {
+                name: "agent".into(),
+                max_message_length: 5000,
+                extra: obj(json!({"replies": false, "automod": "simple", "blocklist": "b"})),
+                created_at: 500_000_000,
+                updated_at: 600_000_000,
+            }),
+        }
+    }
+
     /// Counts an object's entries as written (a `Value` would keep one of two equal keys).
     struct EntryCount(usize);
 
@@ -604,6 +728,36 @@ mod tests {
             let entries = serde_json::from_str::<EntryCount>(&written).expect("an object").0;
             assert_eq!(entries, recorded.as_object().expect("object").len(), "{d:?}: a key written twice");
             assert_eq!(message(d, &rich()), recorded, "{d:?}: the Value renderer");
+        }
+    }
+
+    /// A channel and a member, written straight out, are the recorded ones (taken from the
+    /// `Value` renderers the SDK suites passed against), key for key, with no key twice.
+    #[test]
+    fn a_channel_and_a_member_render_as_recorded_in_both_dialects() {
+        let caps = ["read-events", "send-message"];
+        let cases: [(Dialect, &str, &str); 2] = [
+            (Dialect::Legacy, include_str!("../testdata/channel_legacy.json"), include_str!("../testdata/member_legacy.json")),
+            (Dialect::V2, include_str!("../testdata/channel_v2.json"), include_str!("../testdata/member_v2.json")),
+        ];
+        for (d, channel_recorded, member_recorded) in cases {
+            let channel_view = ChannelOut { dialect: d, channel: &rich_channel(), own_capabilities: &caps };
+            let member = rich_member();
+            for (written, recorded) in [
+                (serde_json::to_string(&channel_view).expect("serialise"), channel_recorded),
+                (serde_json::to_string(&MemberOut(d, &member)).expect("serialise"), member_recorded),
+            ] {
+                let recorded: Value = serde_json::from_str(recorded).expect("recorded JSON");
+                let parsed: Value = serde_json::from_str(&written).expect("valid JSON");
+                assert_eq!(parsed, recorded, "{d:?}");
+                let entries = serde_json::from_str::<EntryCount>(&written).expect("an object").0;
+                assert_eq!(entries, recorded.as_object().expect("object").len(), "{d:?}: a key written twice");
+                let config = &parsed["config"];
+                if let Some(config) = config.as_object() {
+                    let text = serde_json::to_string(&ConfigOut(d, rich_channel().config.as_ref().expect("config"))).expect("config");
+                    assert_eq!(serde_json::from_str::<EntryCount>(&text).expect("an object").0, config.len(), "{d:?}: a config key twice");
+                }
+            }
         }
     }
 
