@@ -2,7 +2,7 @@
 //! Unix-nanosecond timestamps, custom fields nested under `custom`. One model, two renderers.
 
 use crate::model::{Channel, ChannelType, Event, ForkStatus, ForkSummary, Member, Message, Reaction, User};
-use crate::time::{to_rfc3339, Ts};
+use crate::time::{to_rfc3339, Rfc3339, Ts};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -153,7 +153,7 @@ pub struct TsOut(pub Dialect, pub Ts);
 impl Serialize for TsOut {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.0 {
-            Dialect::Legacy => s.serialize_str(&to_rfc3339(self.1)),
+            Dialect::Legacy => s.serialize_str(Rfc3339::new(self.1).as_str()),
             Dialect::V2 => s.serialize_i64(self.1),
         }
     }
