@@ -799,7 +799,8 @@ impl Store {
                 record_plan(&mut tx, fork_cid, plan, &mut summary).await?
             }
         };
-        let (copied, failure, more) = copy_next_page(&mut tx, fork_cid, &source, &f, boundary.as_ref(), page_size).await?;
+        let (copied, failure, more, capped) = copy_next_page(&mut tx, fork_cid, &source, &f, boundary.as_ref(), page_size).await?;
+        summary.truncated |= capped;
         let step = match failure {
             Some(f) => {
                 finish(&mut tx, fork_cid, Some(failure_reason(&f))).await?;
@@ -983,8 +984,8 @@ async fn record_plan(tx: &mut Tx, fork_cid: &str, plan: BackfillPlan, summary: &
 }
 
 /// Copies the page of up to `page_size` eligible messages below the cursor and moves the
-/// cursor past it. Returns the messages copied, why a copy failed (if one did) and whether more
-/// may follow (a full page, below the cap).
+/// cursor past it. Returns the messages copied, why a copy failed (if one did), whether more
+/// may follow (a full page, below the cap), and whether the cap cut the page.
 async fn copy_next_page(
     tx: &mut Tx,
     fork_cid: &str,
@@ -992,7 +993,7 @@ async fn copy_next_page(
     f: &ForkRow,
     boundary: Option<&(i64, String)>,
     page_size: i64,
-) -> Result<(i64, Option<CopyFailure>, bool)> {
+) -> Result<(i64, Option<CopyFailure>, bool, bool)> {
     let point = (f.point_created_at, f.summary.source_message_id.as_str());
     let cursor = f.cursor.clone().unwrap_or((point.0, point.1.to_string()));
     let mut binds = eligible_binds(&source.cid, source.truncated_at, point, boundary);
@@ -1000,7 +1001,7 @@ async fn copy_next_page(
     binds.push(Bind::S(cursor.1.clone()));
     let sql = format!("SELECT {{cols}} FROM message m WHERE {ELIGIBLE} AND (m.created_at, m.id) < ($7, $8) ORDER BY m.created_at DESC, m.id DESC LIMIT {}", page_size.max(1));
     let page = fetch_sources(tx, &sql, &binds).await?;
-    let Some(last) = page.last().map(|m| (m.created_at, m.id.clone())) else { return Ok((0, None, false)) };
+    let Some(last) = page.last().map(|m| (m.created_at, m.id.clone())) else { return Ok((0, None, false, false)) };
     let full = page.len() as i64 >= page_size.max(1);
     // The newest page's copies were made by the request (the walk starts at the fork point);
     // the rest is copied up to the cap: the plan's boundary keeps to it, and this holds it even
@@ -1012,15 +1013,21 @@ async fn copy_next_page(
     let limits = SizeLimits::for_max_message_length(source.max_message_length());
     let mut map = Map::new();
     let (copied, failure) = copy_messages(tx, fork_cid, &todo, f.exclude_attachments, limits, &mut map).await?;
-    sqlx::query("UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4 WHERE cid = $3")
-        .bind(last.0)
-        .bind(last.1)
-        .bind(fork_cid.to_string())
-        .bind(time::now())
-        .bind(copied)
-        .execute(crate::counted(&mut *tx.tx))
-        .await?;
-    Ok((copied, failure, full && !capped))
+    // Cut here, the history is longer than the cap even if the plan found it was not (messages
+    // imported below the cursor since): the fork is truncated (docs/fork.md, the cap).
+    sqlx::query(
+        "UPDATE fork SET cursor_created_at = $1, cursor_id = $2, copied_message_count = copied_message_count + $5, updated_at = $4, \
+         truncated = truncated OR $6 WHERE cid = $3",
+    )
+    .bind(last.0)
+    .bind(last.1)
+    .bind(fork_cid.to_string())
+    .bind(time::now())
+    .bind(copied)
+    .bind(capped)
+    .execute(crate::counted(&mut *tx.tx))
+    .await?;
+    Ok((copied, failure, full && !capped, capped))
 }
 
 /// Locks a fork as a backfill page does and loads its row: the fork's channel row first (a

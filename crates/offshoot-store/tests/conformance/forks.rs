@@ -373,6 +373,43 @@ async fn a_fork_of_more_than_10000_messages_keeps_the_newest_10000_and_is_marked
     .await;
 }
 
+/// The cap holds when the source changes under a backfill: messages imported (server-side
+/// `created_at`) into the history the backfill has not reached yet are copied in their place,
+/// the fork still holds only the newest 10,000, and the import that pushed the history past the
+/// cap after the plan found it under makes the fork truncated, naming its oldest copy's source.
+#[tokio::test]
+async fn messages_imported_below_a_backfills_cursor_never_push_it_past_the_cap() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        let src = agent_channel(s, "grow", &[]).await;
+        let n = MAX_COPIED as usize;
+        let ids = seed(s, &src.cid, "amy", "c", n, BASE_TS).await;
+        let fc = "agent:gr";
+        assert_eq!(fork(s, &src.cid, &ids[n - 1], "gr").await.fork.status, ForkStatus::Backfilling);
+        assert_eq!(s.backfill_step(fc, BACKFILL_PAGE).await.expect("backfill step"), BackfillStep::More);
+        assert!(!summary(s, fc).await.truncated, "planned with exactly 10,000 eligible messages");
+        // Three messages between the 101st and the 102nd oldest, far below the cursor.
+        let amy = user("amy");
+        for k in 0..3 {
+            let at = BASE_TS + 100 * MS + 1 + k;
+            s.send_message(&src.cid, &msg_at(&format!("imp{k}"), "imported", at), &amy).await.expect("import a message");
+        }
+        backfill_to_end(s, fc, BACKFILL_PAGE).await;
+        let done = summary(s, fc).await;
+        assert_eq!(done.status, ForkStatus::Completed);
+        assert_eq!(done.copied_message_count, MAX_COPIED, "never more than the cap");
+        assert_eq!(s.get_channel(fc).await.expect("get").expect("exists").message_count, MAX_COPIED);
+        assert!(done.truncated, "10,003 eligible messages: the oldest three stay in the source");
+        assert_eq!(done.oldest_source_message_id.as_deref(), Some(ids[3].as_str()));
+        let asked: Vec<String> = vec![ids[2].clone(), ids[3].clone(), "imp0".into(), "imp2".into()];
+        let lookup = s.fork_message_ids(fc, &asked).await.expect("lookup");
+        assert_eq!(lookup.keys().cloned().collect::<Vec<_>>(), asked[1..].to_vec(), "the imports copied, the oldest three not");
+        let task = s.task(done.task_id.as_deref().expect("task")).await.expect("task").expect("exists");
+        assert_eq!(task.result["truncated"], json!(true));
+    })
+    .await;
+}
+
 /// Exactly 10,000 messages up to the fork point: every one is copied, and nothing is cut off.
 #[tokio::test]
 async fn a_fork_of_exactly_10000_messages_copies_them_all_and_is_not_truncated() {
