@@ -1389,7 +1389,11 @@ pub(crate) async fn hydrate_messages_of(
     if msgs.is_empty() {
         return Ok(());
     }
-    let ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
+    // Each id once: a message can be on a page and among the pins, and a lookup per value
+    // (`rows_with_one_of`) would read its reactions twice.
+    let mut ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
+    ids.sort();
+    ids.dedup();
     // Quoted messages (one level), hidden when not visible or deleted.
     let mut quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
     quoted_ids.sort();
@@ -1401,10 +1405,11 @@ pub(crate) async fn hydrate_messages_of(
         }
     }
     // Reactions.
+    let backend = rows::backend_of(conn);
     let mut reactions: HashMap<String, Vec<Reaction>> = HashMap::new();
     for chunk in ids.chunks(300) {
-        let sql =
-            format!("SELECT {REACTION_COLS} FROM reaction WHERE message_id IN ({}) ORDER BY created_at DESC", placeholders(1, chunk.len()));
+        let select = rows::rows_with_one_of(backend, &format!("SELECT {REACTION_COLS} FROM reaction WHERE"), "message_id", chunk.len());
+        let sql = format!("SELECT {REACTION_COLS} FROM ({select}) AS r ORDER BY created_at DESC");
         let mut q = sqlx::query_as::<_, ReactionRow>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());
@@ -1414,10 +1419,20 @@ pub(crate) async fn hydrate_messages_of(
         }
     }
     // Thread participants.
-    let parents: Vec<String> = msgs.iter().filter(|m| m.reply_count > 0).map(|m| m.id.clone()).collect();
+    let mut parents: Vec<String> = msgs.iter().filter(|m| m.reply_count > 0).map(|m| m.id.clone()).collect();
+    parents.sort();
+    parents.dedup();
     let mut participants: HashMap<String, Vec<String>> = HashMap::new();
     for chunk in parents.chunks(300) {
-        let sql = format!("SELECT parent_id, user_id, MIN(created_at) AS first_at FROM message WHERE parent_id IN ({}) AND hidden_at IS NULL GROUP BY parent_id, user_id ORDER BY first_at", placeholders(1, chunk.len()));
+        let select = rows::rows_with_one_of(
+            backend,
+            "SELECT parent_id, user_id, created_at FROM message WHERE hidden_at IS NULL AND",
+            "parent_id",
+            chunk.len(),
+        );
+        let sql = format!(
+            "SELECT parent_id, user_id, MIN(created_at) AS first_at FROM ({select}) AS r GROUP BY parent_id, user_id ORDER BY first_at"
+        );
         let mut q = sqlx::query_as::<_, (String, String, i64)>(AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id.clone());

@@ -549,6 +549,26 @@ pub(crate) fn many_placeholders(backend: crate::Backend, first: usize, n: usize)
     }
 }
 
+/// `inner` (which reads the row of `keys` as `k`, with `columns`) once per row of the `VALUES`
+/// list `keys`, its rows joined: one statement, planned once (PostgreSQL).
+pub(crate) fn lateral(keys: &str, columns: &str, inner: &str) -> String {
+    format!("SELECT u.* FROM (VALUES {keys}) AS k({columns}) CROSS JOIN LATERAL ({inner}) AS u")
+}
+
+/// The rows of `select_from` (a `SELECT … FROM … WHERE` whose last condition is left open)
+/// whose `column` is one of `n` values, the parameters `$1`…`$n`: an `IN` list on SQLite; on
+/// PostgreSQL one index lookup per value (a [`lateral`] list, kept from being flattened into a
+/// join by `OFFSET 0`). PostgreSQL without statistics for a table (never analysed: autovacuum
+/// off, or not yet run) plans an `IN` list of hundreds of values as a scan of the whole table:
+/// 64 ms for the thread participants of 100 messages in a table of 147,000, 2.7 ms this way
+/// (BENCHMARKS.md, twenty-fourth session).
+pub(crate) fn rows_with_one_of(backend: crate::Backend, select_from: &str, column: &str, n: usize) -> String {
+    match backend {
+        crate::Backend::Sqlite => format!("{select_from} {column} IN ({})", placeholders(1, n)),
+        crate::Backend::Postgres => lateral(&value_rows(backend, 1, n, 1), "v", &format!("{select_from} {column} = k.v OFFSET 0")),
+    }
+}
+
 /// The rows of a `VALUES` list: `rows` rows of `width` parameters each, numbered from `first`
 /// in order (row by row), as [`many_placeholders`] writes them: `(…), (…), …`.
 pub(crate) fn value_rows(backend: crate::Backend, first: usize, rows: usize, width: usize) -> String {
@@ -564,6 +584,16 @@ mod tests {
     fn value_rows_number_the_parameters_row_by_row_from_the_first() {
         assert_eq!(value_rows(Backend::Postgres, 2, 3, 2), "($2, $3), ($4, $5), ($6, $7)");
         assert_eq!(value_rows(Backend::Sqlite, 2, 2, 3), "(?, ?, ?), (?, ?, ?)");
+    }
+
+    #[test]
+    fn rows_with_one_of_is_an_in_list_on_sqlite_and_a_lookup_per_value_on_postgres() {
+        let select = "SELECT a, b FROM t WHERE x = 1 AND";
+        assert_eq!(rows_with_one_of(Backend::Sqlite, select, "c", 2), "SELECT a, b FROM t WHERE x = 1 AND c IN ($1, $2)");
+        assert_eq!(
+            rows_with_one_of(Backend::Postgres, select, "c", 2),
+            "SELECT u.* FROM (VALUES ($1), ($2)) AS k(v) CROSS JOIN LATERAL (SELECT a, b FROM t WHERE x = 1 AND c = k.v OFFSET 0) AS u"
+        );
         assert_eq!(value_rows(Backend::Postgres, 1, 0, 4), "");
     }
 }

@@ -5,7 +5,7 @@
 use crate::channels::read_states_sql;
 use crate::channels::ReadState;
 use crate::messages::{arguments, hydrate_messages_of, latest_pages, page_sql, pins_sql, union_all, visible_after, visible_to, Bind, Page};
-use crate::rows::{self, placeholders, MemberRow, MEMBER_COLS};
+use crate::rows::{self, lateral, placeholders, MemberRow, MEMBER_COLS};
 use crate::users::load_users;
 use crate::{counted, Backend, Result, Store};
 use offshoot_core::model::{Channel, Member, Message, Viewer};
@@ -319,12 +319,6 @@ impl Store {
         }
         Ok(lines.join("\n"))
     }
-}
-
-/// `inner` (which reads the row of `keys` as `k`, with `columns`) once per row of the `VALUES`
-/// list `keys`, its rows joined: one statement, planned once (PostgreSQL).
-fn lateral(keys: &str, columns: &str, inner: &str) -> String {
-    format!("SELECT u.* FROM (VALUES {keys}) AS k({columns}) CROSS JOIN LATERAL ({inner}) AS u")
 }
 
 /// Runs a statement of messages and adds its rows to `into`, by cid.
