@@ -786,3 +786,42 @@ impl axum::response::IntoResponse for QueryChannelsResponse {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read state is written as the `Value` form the SDK suites passed against: the member's
+    /// user (a placeholder for a reader who is not among the members), the timestamp in the
+    /// dialect's form, and the last read message only when there is one.
+    #[test]
+    fn a_read_state_renders_with_its_member_or_a_placeholder_in_both_dialects() {
+        let member = Member {
+            cid: "agent:c".into(),
+            user_id: "amy".into(),
+            user: Some(User { id: "amy".into(), role: "user".into(), name: Some("Amy".into()), ..Default::default() }),
+            channel_role: "channel_member".into(),
+            custom: Map::new(),
+            created_at: 1,
+            updated_at: 1,
+        };
+        let reads = [
+            ReadState {
+                user_id: "amy".into(),
+                last_read: 1_704_067_200_123_456_000,
+                last_read_message_id: Some("m1".into()),
+                unread_messages: 2,
+            },
+            ReadState { user_id: "ben".into(), last_read: 5_000, last_read_message_id: None, unread_messages: 0 },
+        ];
+        for d in [render::Dialect::Legacy, render::Dialect::V2] {
+            let written = serde_json::to_value(ReadsOut(d, &reads, std::slice::from_ref(&member))).expect("serialise");
+            let amy = member.user.as_ref().expect("user");
+            let expected = json!([
+                {"user": render::user(d, amy), "last_read": d.ts(reads[0].last_read), "unread_messages": 2, "last_read_message_id": "m1"},
+                {"user": render::user(d, &User::placeholder("ben", "user")), "last_read": d.ts(5_000), "unread_messages": 0},
+            ]);
+            assert_eq!(written, expected, "{d:?}");
+        }
+    }
+}
