@@ -377,7 +377,7 @@ async fn a_fork_of_more_than_10000_messages_keeps_the_newest_10000_and_is_marked
 /// `created_at`) into the history the backfill has not reached yet are copied in their place,
 /// the fork still holds only the newest 10,000, and the import that pushed the history past the
 /// cap after the plan found it under makes the fork truncated, naming its oldest copy's source.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_imported_below_a_backfills_cursor_never_push_it_past_the_cap() {
     with_store(|ctx| async move {
         let s = &ctx.store;
@@ -394,7 +394,9 @@ async fn messages_imported_below_a_backfills_cursor_never_push_it_past_the_cap()
             let at = BASE_TS + 100 * MS + 1 + k;
             s.send_message(&src.cid, &msg_at(&format!("imp{k}"), "imported", at), &amy).await.expect("import a message");
         }
-        backfill_to_end(s, fc, BACKFILL_PAGE).await;
+        // The rest by two workers of their own stores at once: the page the cap cuts is taken
+        // under the fork's locks like every other, by whichever worker gets there.
+        race(&ctx.url, 2, |store, _| async move { backfill_to_end(&store, "agent:gr", 500).await }).await;
         let done = summary(s, fc).await;
         assert_eq!(done.status, ForkStatus::Completed);
         assert_eq!(done.copied_message_count, MAX_COPIED, "never more than the cap");
