@@ -162,6 +162,8 @@ pub struct Settings {
     #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
     pub backfill_page_budget_ms: Option<u64>,
     #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub backfill_concurrency: Option<usize>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
     pub worker_poll_ms: Option<u64>,
     #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
     pub worker_heartbeat_secs: Option<u64>,
@@ -290,6 +292,10 @@ impl Config {
             anyhow::ensure!(v > 0, "OFFSHOOT_BACKFILL_PAGE_BUDGET_MS must be positive");
             w.backfill.page_budget = Duration::from_millis(v);
         }
+        if let Some(v) = s.backfill_concurrency {
+            anyhow::ensure!(v > 0, "OFFSHOOT_BACKFILL_CONCURRENCY must be positive");
+            w.backfill.concurrency = v;
+        }
         if let Some(v) = s.backfill_max_attempts {
             anyhow::ensure!(v > 0, "OFFSHOOT_BACKFILL_MAX_ATTEMPTS must be positive");
             w.backfill.max_attempts = v;
@@ -382,7 +388,7 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.create_file(
                 "offshoot.env",
-                "# comment\nOFFSHOOT_LISTEN=127.0.0.1:4000\nexport OFFSHOOT_ROLES='worker'\nOFFSHOOT_BACKFILL_PAGE_SIZE=\"250\"\nOFFSHOOT_MAX_WS_CONNECTIONS=7\nOFFSHOOT_BACKFILL_PAGE_BUDGET_MS=9\n",
+                "# comment\nOFFSHOOT_LISTEN=127.0.0.1:4000\nexport OFFSHOOT_ROLES='worker'\nOFFSHOOT_BACKFILL_PAGE_SIZE=\"250\"\nOFFSHOOT_MAX_WS_CONNECTIONS=7\nOFFSHOOT_BACKFILL_PAGE_BUDGET_MS=9\nOFFSHOOT_BACKFILL_CONCURRENCY=2\n",
             )?;
             jail.set_env("OFFSHOOT_LISTEN", "127.0.0.1:5000");
             jail.set_env("OFFSHOOT_BACKFILL_PAGE_SIZE", "300");
@@ -395,6 +401,7 @@ mod tests {
             assert_eq!(c.roles, Roles { api: false, ws: false, worker: true }, "the file wins over the defaults");
             assert_eq!(c.max_ws_connections, 7);
             assert_eq!(c.worker_config().backfill.page_budget, Duration::from_millis(9), "the page budget reaches the worker");
+            assert_eq!(c.worker_config().backfill.concurrency, 2, "the backfills at once reach the worker");
             assert_eq!(c.backfill_page_size, 400, "a flag wins over the environment");
             assert_eq!(c.api_key.as_deref(), Some("12345"), "a key of digits stays text");
             assert_eq!(c.api_secret.as_ref().map(|s| s.expose_secret()), Some("s3cret"));
@@ -424,6 +431,8 @@ mod tests {
             assert!(Config::load(Some(Path::new("worse.env")), Settings::default()).is_err(), "a line without = is refused");
             jail.create_file("zero.env", "OFFSHOOT_BACKFILL_PAGE_BUDGET_MS=0\n")?;
             assert!(Config::load(Some(Path::new("zero.env")), Settings::default()).is_err(), "a page budget of 0 is refused");
+            jail.create_file("none.env", "OFFSHOOT_BACKFILL_CONCURRENCY=0\n")?;
+            assert!(Config::load(Some(Path::new("none.env")), Settings::default()).is_err(), "no backfills at once is refused");
             jail.set_env("OFFSHOOT_WEBHOOK_TIMEOUT_MS", "soon");
             assert!(Config::load(None, Settings::default()).is_err(), "a word where a number belongs is refused");
             Ok(())
