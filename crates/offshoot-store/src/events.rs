@@ -83,10 +83,12 @@ fn row_events(seq: i64, event: Event, audience: Audience, note: Option<Note>) ->
 /// then not commit order, and a consumer must not move its cursor past a `seq` whose
 /// transaction may still commit: [`Store::events_after`] first takes the lock *exclusively*
 /// for a moment ([`outbox_horizon`]), which waits out every writer that holds a drawn `seq`,
-/// and reads only up to the sequence's value at that moment. The lock is the last one every
-/// transaction takes (crate doc, lock order). The events are serialised before it is taken and
-/// written in the statement that takes it (their `seq` follows their order in the statement's
-/// `VALUES`, which is the order they were queued in).
+/// and reads only up to the sequence's value at that moment (unless this process's memory holds
+/// the run after the cursor, [`Recent`]). The lock is the last one every transaction takes
+/// (crate doc, lock order). The events are serialised before it is taken and written in the
+/// statement that takes it (their `seq` follows their order in the statement's `VALUES`, which
+/// is the order they were queued in). Returns the events with the numbers they got, for
+/// [`Recent`].
 pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backend: Backend, events: Vec<Queued>) -> Result<Written> {
     let mut written = Written::default();
     if events.is_empty() {
@@ -110,14 +112,12 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
             Backend::Postgres if first => format!(
                 "WITH outbox_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared({OUTBOX_LOCK})) \
                  INSERT INTO event (type, cid, payload, audience, note, created_at) \
-                 SELECT v.* FROM outbox_lock, (VALUES {values}) AS v (type, cid, payload, audience, note, created_at)"
+                 SELECT v.* FROM outbox_lock, (VALUES {values}) AS v (type, cid, payload, audience, note, created_at) RETURNING seq"
             ),
-            Backend::Postgres => format!("INSERT INTO event (type, cid, payload, audience, note, created_at) VALUES {values}"),
             // SQLite's one writer numbers the rows of a statement one after another in the
-            // order of its `VALUES` (AUTOINCREMENT: the highest `seq` so far, plus one).
-            Backend::Sqlite => {
-                format!("INSERT INTO event (type, cid, payload, audience, note, created_at) VALUES {values} RETURNING seq")
-            }
+            // order of its `VALUES` (AUTOINCREMENT: the highest `seq` so far, plus one);
+            // PostgreSQL's sequence does too, unless another writer draws between them.
+            _ => format!("INSERT INTO event (type, cid, payload, audience, note, created_at) VALUES {values} RETURNING seq"),
         };
         first = false;
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -129,15 +129,8 @@ pub(crate) async fn append(tx: &mut sqlx::Transaction<'static, sqlx::Any>, backe
             q = q.bind(e.kind.clone()).bind(e.cid.clone()).bind(payload).bind(audience).bind(note).bind(e.created_at);
             sized.push((queued, size));
         }
-        match backend {
-            Backend::Postgres => {
-                q.execute(crate::counted(&mut **tx)).await?;
-            }
-            Backend::Sqlite => {
-                let seqs: Vec<i64> = q.fetch_all(crate::counted(&mut **tx)).await?.iter().map(|r| sqlx::Row::get(r, 0)).collect();
-                written.numbered(&seqs, sized);
-            }
-        }
+        let seqs: Vec<i64> = q.fetch_all(crate::counted(&mut **tx)).await?.iter().map(|r| sqlx::Row::get(r, 0)).collect();
+        written.numbered(&seqs, sized);
     }
     Ok(written)
 }
@@ -149,9 +142,10 @@ struct Row {
     size: usize,
 }
 
-/// SQLite: a committing transaction's events with their `seq`, for [`Recent`]. Empty on
-/// PostgreSQL. A statement whose numbers were not the run its rows were expected to get adds
-/// none: its events are then numbers [`Recent`] does not hold, read from the table.
+/// A committing transaction's events with their `seq`, for [`Recent`]. A statement whose
+/// numbers were not the run its rows were expected to get (on PostgreSQL, another writer drew
+/// numbers between them) adds none: its events are then numbers [`Recent`] does not hold, read
+/// from the table.
 #[derive(Default)]
 pub(crate) struct Written {
     rows: Vec<Row>,
@@ -175,15 +169,18 @@ impl Written {
 const RECENT_ROWS: usize = 2_048;
 const RECENT_BYTES: usize = 16 << 20;
 
-/// SQLite: the events this process committed last, in `seq` order, as they were before they
-/// were written. This process's consumers (the WebSocket fan-out, the webhook relay) take them
-/// from here instead of reading back and parsing what was just written: an agent's streamed
-/// answer is thousands of `message.updated` events a second, each carrying the whole message
-/// (BENCHMARKS.md, nineteenth session). Only an unbroken run of `seq` right after a consumer's
-/// cursor is served from here; anything else (an event another process or store wrote, one
-/// pushed out by newer ones) is read from the database. Every transaction of this process
-/// commits on the one writer, in `seq` order, and its events are kept before the write lock is
-/// released. Not on PostgreSQL, whose writers' `seq` order is not their commit order ([`append`]).
+/// The events this process committed last, by `seq`, as they were before they were written.
+/// This process's consumers (the WebSocket fan-out, the webhook relay) take them from here
+/// instead of reading back and parsing what was just written: an agent's streamed answer is
+/// thousands of `message.updated` events a second, each carrying the whole message
+/// (BENCHMARKS.md, nineteenth and twenty-fifth sessions). Only an unbroken run of `seq` right
+/// after a consumer's cursor is served from here; anything else (an event another process or
+/// store wrote, a number a rolled-back transaction drew, one pushed out by newer ones, one whose
+/// transaction has not committed yet) is read from the database. Every kept row committed, so
+/// such a run leaves no number below its end that could still commit: on PostgreSQL, where
+/// writers commit out of `seq` order, it needs no outbox horizon ([`outbox_horizon`]). Rows are
+/// kept once their commit succeeded (SQLite's one writer keeps them before its lock is
+/// released, so there in `seq` order).
 #[derive(Default)]
 pub(crate) struct Recent {
     kept: std::sync::Mutex<Kept>,
@@ -191,26 +188,25 @@ pub(crate) struct Recent {
 
 #[derive(Default)]
 struct Kept {
-    rows: std::collections::VecDeque<Row>,
+    rows: std::collections::BTreeMap<i64, Row>,
     bytes: usize,
 }
 
 impl Recent {
-    /// Keeps a committed transaction's events (on the writer, before its lock is released).
+    /// Keeps a committed transaction's events; past the bounds, the lowest numbers go.
     pub(crate) fn keep(&self, written: Written) {
         if written.rows.is_empty() {
             return;
         }
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         for row in written.rows {
-            if kept.rows.back().is_some_and(|last| last.seq >= row.seq) {
-                *kept = Kept::default();
-            }
             kept.bytes += row.size;
-            kept.rows.push_back(row);
+            if let Some(old) = kept.rows.insert(row.seq, row) {
+                kept.bytes -= old.size;
+            }
         }
         while kept.rows.len() > RECENT_ROWS || kept.bytes > RECENT_BYTES {
-            let Some(row) = kept.rows.pop_front() else { break };
+            let Some((_, row)) = kept.rows.pop_first() else { break };
             kept.bytes -= row.size;
         }
     }
@@ -220,17 +216,23 @@ impl Recent {
     /// there are none.
     fn after(&self, after: i64, limit: usize) -> Option<Vec<std::sync::Arc<OutboxEvent>>> {
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let start = kept.rows.partition_point(|row| row.seq <= after);
-        let mut out: Vec<std::sync::Arc<OutboxEvent>> = Vec::new();
-        let mut last = after;
-        for row in kept.rows.range(start..).take(limit) {
-            if row.seq != last + 1 {
-                break;
-            }
-            last = row.seq;
-            out.extend(row.events.iter().cloned());
-        }
+        let out: Vec<_> = Kept::run(&kept.rows, after, limit).flat_map(|row| row.events.iter().cloned()).collect();
         (!out.is_empty()).then_some(out)
+    }
+
+    /// The last `seq` and the number of rows of what [`Recent::after`] would serve.
+    fn span_after(&self, after: i64, limit: usize) -> Option<(i64, i64)> {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let rows = Kept::run(&kept.rows, after, limit).count() as i64;
+        (rows > 0).then(|| (after + rows, rows))
+    }
+}
+
+impl Kept {
+    /// The kept rows numbered `after + 1`, `after + 2`, … without a gap, at most `limit`.
+    fn run(rows: &std::collections::BTreeMap<i64, Row>, after: i64, limit: usize) -> impl Iterator<Item = &Row> {
+        let first = after.saturating_add(1);
+        rows.range(first..).zip(first..).take(limit).take_while(|((seq, _), want)| **seq == *want).map(|((_, row), _)| row)
     }
 }
 
@@ -372,10 +374,10 @@ impl Store {
     /// outbox horizon on PostgreSQL: a consumer that moves its cursor to the last one never
     /// passes over an event that commits later (see [`append`]). A row may hold a notification
     /// beside its event ([`Note`]): both come, one after the other, with the row's `seq`, and a
-    /// row's events are never split between two reads. On SQLite the events this process committed last come from
-    /// memory when they follow `after` without a gap ([`Recent`]).
+    /// row's events are never split between two reads. The events this process committed last come
+    /// from memory when they follow `after` without a gap ([`Recent`]).
     pub async fn events_after(&self, after: i64, limit: i64) -> Result<Vec<std::sync::Arc<OutboxEvent>>> {
-        if let Some(kept) = self.recent.as_ref().and_then(|r| r.after(after, limit.max(0) as usize)) {
+        if let Some(kept) = self.recent.after(after, limit.max(0) as usize) {
             metrics::counter!("offshoot_outbox_events_read_total", "from" => "memory").increment(kept.len() as u64);
             return Ok(kept);
         }
@@ -395,6 +397,9 @@ impl Store {
     /// What [`Store::events_after`] would return, without the events: the last `seq` (none when
     /// there is nothing new) and how many. For a consumer that only needs to pass them by.
     pub async fn event_span_after(&self, after: i64, limit: i64) -> Result<(Option<i64>, i64)> {
+        if let Some((last, rows)) = self.recent.span_after(after, limit.max(0) as usize) {
+            return Ok((Some(last), rows));
+        }
         let horizon = outbox_horizon(self).await?.unwrap_or(i64::MAX);
         let (last, count): (Option<i64>, i64) = sqlx::query_as(
             "SELECT MAX(seq), COUNT(*) FROM (SELECT seq FROM event WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3) AS span",
@@ -550,6 +555,9 @@ mod tests {
         assert_eq!(seqs(recent.after(6, 10)), vec![7, 8]);
         assert_eq!(seqs(recent.after(1, 10)), Vec::<i64>::new(), "2 is not kept");
         assert_eq!(seqs(recent.after(8, 10)), Vec::<i64>::new(), "nothing newer is known here");
+        assert_eq!(recent.span_after(2, 10), Some((5, 3)), "the span ends where the events do");
+        assert_eq!(recent.span_after(3, 1), Some((4, 1)));
+        assert_eq!(recent.span_after(5, 10), None);
     }
 
     #[test]
@@ -562,9 +570,23 @@ mod tests {
         assert_eq!(seqs(recent.after(10_000, 10)), vec![10_001, 10_002]);
         assert_eq!(seqs(recent.after(9_999, 10)), Vec::<i64>::new(), "the oldest went for the size");
         assert_eq!(seqs(recent.after(5, 10)), Vec::<i64>::new(), "so did every smaller one");
-        recent.keep(written([50], 1));
-        assert_eq!(seqs(recent.after(49, 10)), vec![50], "a number below the kept ones starts over");
-        assert_eq!(seqs(recent.after(10_001, 10)), Vec::<i64>::new());
+    }
+
+    /// On PostgreSQL writers commit out of `seq` order: a run is served once every number in
+    /// it is kept, whatever order they came in.
+    #[test]
+    fn recent_serves_a_run_whose_numbers_were_kept_out_of_order_once_it_is_whole() {
+        let recent = Recent::default();
+        recent.keep(written([5, 7], 10));
+        assert_eq!(seqs(recent.after(4, 10)), vec![5], "6 has not committed here yet");
+        assert_eq!(seqs(recent.after(5, 10)), Vec::<i64>::new());
+        recent.keep(written([6], 10));
+        assert_eq!(seqs(recent.after(4, 10)), vec![5, 6, 7]);
+        recent.keep(written([2], 10));
+        assert_eq!(seqs(recent.after(1, 10)), vec![2], "a late low number is kept too");
+        assert_eq!(seqs(recent.after(4, 10)), vec![5, 6, 7]);
+        recent.keep(written([6], 10));
+        assert_eq!(seqs(recent.after(4, 10)), vec![5, 6, 7], "a number kept twice is one row");
     }
 
     /// A row with a notification gives both events, with its `seq`; the limit counts rows, so

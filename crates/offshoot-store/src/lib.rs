@@ -275,7 +275,7 @@ pub struct Store {
     /// The outbox horizon reads this process's consumers share (`events.rs`).
     horizon: Arc<events::Horizon>,
     /// SQLite: the events this process committed last, for its consumers (`events.rs`).
-    recent: Option<Arc<events::Recent>>,
+    recent: Arc<events::Recent>,
 }
 
 /// A write transaction. Events are collected while it runs and written to the outbox when it
@@ -323,10 +323,8 @@ impl Tx {
         let wrote = !events.is_empty();
         let written = events::append(&mut tx, backend, events).await?;
         tx.commit().await?;
-        if let Some(recent) = &store.recent {
-            // Before the write lock is released: kept in the order of commit, which is `seq` order.
-            recent.keep(written);
-        }
+        // Once committed (on SQLite before the write lock is released).
+        store.recent.keep(written);
         drop(_guard);
         if wrote {
             store.events.notify_waiters();
@@ -657,7 +655,7 @@ impl Store {
             updates: Arc::new(batch::Groups::new(group_writers(backend))),
             sends: Arc::new(batch::Groups::new(group_writers(backend))),
             horizon: Arc::default(),
-            recent: (backend == Backend::Sqlite).then(Arc::default),
+            recent: Arc::default(),
         })
     }
 

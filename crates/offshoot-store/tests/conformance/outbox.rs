@@ -315,7 +315,7 @@ async fn another_store_on_the_same_database_reads_the_events_and_on_postgres_hea
     .await;
 }
 
-/// On SQLite a process's consumers take the events it committed from memory (`events.rs`,
+/// A process's consumers take the events it committed from memory (`events.rs`,
 /// `Recent`), as they were before they were written. What they read must be what any other
 /// process reads from the outbox: every kind of change, several events in one statement (sends
 /// written together), and the same `seq` for each.
@@ -351,13 +351,17 @@ async fn a_process_reads_its_own_events_as_another_process_reads_them() {
         let own = events_since(s, 0).await;
         assert!(own.len() > 30, "{} events", own.len());
         assert_eq!(events_since(&other, 0).await, own);
-        // With the rows gone, SQLite's process still reads every one of its events: memory
-        // served them all, those written several to a statement included.
+        // With the rows gone, the process still reads its events from memory, those written
+        // several to a statement included. On SQLite all of them; on PostgreSQL the run up to the
+        // first statement whose numbers another writer's draws interleaved (the sends above
+        // are concurrent), whose rows it did not keep.
         other.prune_events(time::now() + 1_000_000_000).await.expect("prune");
         let after_prune = events_since(s, 0).await;
         match s.backend() {
             offshoot_store::Backend::Sqlite => assert_eq!(after_prune, own),
-            offshoot_store::Backend::Postgres => assert!(after_prune.is_empty(), "PostgreSQL reads the outbox only"),
+            offshoot_store::Backend::Postgres => {
+                assert!(!after_prune.is_empty() && own.starts_with(&after_prune), "{} of {} from memory", after_prune.len(), own.len())
+            }
         }
         other.close().await;
     })
@@ -365,8 +369,8 @@ async fn a_process_reads_its_own_events_as_another_process_reads_them() {
 }
 
 /// The events served from memory are exactly the run right after the cursor: an event another
-/// process wrote in between is read from the database, in its place. On SQLite the memory is
-/// seen by taking the rows away: the process that wrote them still reads them.
+/// process wrote in between is read from the database, in its place. The memory is seen by
+/// taking the rows away: the process that wrote them still reads them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_reads_from_memory_only_the_unbroken_run_of_its_own_events() {
     with_store(|ctx| async move {
@@ -386,11 +390,7 @@ async fn a_process_reads_from_memory_only_the_unbroken_run_of_its_own_events() {
         let later = time::now() + 1_000_000_000;
         assert_eq!(other.prune_events(later).await.expect("prune"), 4, "no cursor: every old event goes");
         assert!(events_since(&other, start).await.is_empty());
-        let own = n(&events_since(s, start).await);
-        match s.backend() {
-            offshoot_store::Backend::Sqlite => assert_eq!(own, vec![1, 2], "the run before the other process's event"),
-            offshoot_store::Backend::Postgres => assert!(own.is_empty(), "PostgreSQL reads the outbox only"),
-        }
+        assert_eq!(n(&events_since(s, start).await), vec![1, 2], "the run before the other process's event");
         other.close().await;
     })
     .await;
@@ -409,8 +409,8 @@ async fn pruning_deletes_only_old_events_every_cursor_passed() {
         assert_eq!(s.prune_events(time::now() - 3_600 * 1_000_000_000).await.expect("prune"), 0, "nothing is old enough");
         let deleted = s.prune_events(later).await.expect("prune");
         assert_eq!(deleted, 3, "the events the cursor passed go");
-        // Read as another process reads the outbox (this one keeps its recent events in memory
-        // on SQLite, `events.rs`).
+        // Read as another process reads the outbox (this one keeps its recent events in memory,
+        // `events.rs`).
         let other = Store::connect(&ctx.url).await.expect("a second store");
         let left: Vec<i64> = other.events_after(start, 10).await.expect("events").iter().map(|e| e.seq).collect();
         assert_eq!(left, vec![events[3].seq], "an unread event stays");
