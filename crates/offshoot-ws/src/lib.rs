@@ -4,9 +4,9 @@
 //!
 //! The outbox is the only source of events. [`Hub::run`] follows it from its newest event at
 //! start-up, woken in-process after every commit that wrote events and polling for events
-//! written by other processes, and pushes each event to the connections its audience names. (On
-//! SQLite the store hands it the events this process just committed from memory, not read back
-//! from the table: `offshoot-store`'s `events.rs`.)
+//! written by other processes, and pushes each event to the connections its audience names. (The
+//! store hands it the events this process just committed from memory, not read back from the
+//! table: `offshoot-store`'s `events.rs`.)
 //! Every connection has a bounded queue: one that falls behind is closed (the client reconnects
 //! and re-queries its channels), never buffered without limit, and never slows the others.
 //!
