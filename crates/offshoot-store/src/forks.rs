@@ -773,6 +773,8 @@ impl Store {
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
         let early = self.plan_early(fork_cid).await?;
         let mut tx = self.begin_background().await?;
+        // From here to the commit a page holds SQLite's one writer (BENCHMARKS.md, figure c).
+        let began = std::time::Instant::now();
         tx.custom_plans().await?;
         let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
         if f.summary.status != ForkStatus::Backfilling {
@@ -815,6 +817,7 @@ impl Store {
             None => BackfillStep::More,
         };
         tx.commit(self).await?;
+        tracing::debug!(fork = fork_cid, copied, held_ms = began.elapsed().as_secs_f64() * 1000.0, "backfill page committed");
         let finished = (step == BackfillStep::Done).then_some(summary);
         Ok((step, Some((copied, finished))))
     }
