@@ -274,7 +274,7 @@ pub struct Store {
     sends: Arc<batch::Groups<batch::QueuedSend>>,
     /// The outbox horizon reads this process's consumers share (`events.rs`).
     horizon: Arc<events::Horizon>,
-    /// SQLite: the events this process committed last, for its consumers (`events.rs`).
+    /// The events this process committed last, for its consumers (`events.rs`).
     recent: Arc<events::Recent>,
 }
 

@@ -24,6 +24,15 @@ async fn fork(s: &Store, source_cid: &str, message_id: &str, target_id: &str) ->
     s.create_fork(&request(source_cid, message_id, target_id)).await.expect("create fork")
 }
 
+/// A source `agent:{source_id}` of `n` messages by amy, one a second from `BASE_TS`, forked at
+/// its newest into `agent:{target_id}`: the source's ids, oldest first, and the fork.
+async fn fork_of_seeded(s: &Store, source_id: &str, n: usize, target_id: &str) -> (Vec<String>, ForkOutcome) {
+    let src = agent_channel(s, source_id, &[]).await;
+    let ids = seed(s, &src.cid, "amy", "c", n, BASE_TS).await;
+    let out = fork(s, &src.cid, &ids[n - 1], target_id).await;
+    (ids, out)
+}
+
 async fn stored(s: &Store, id: &str) -> Message {
     s.get_message(id, &Viewer::Server).await.expect("get message").expect("message exists").0
 }
@@ -351,10 +360,7 @@ async fn a_longer_history_backfills_page_by_page_to_the_exact_count_without_dupl
 async fn a_fork_of_more_than_10000_messages_keeps_the_newest_10000_and_is_marked_truncated() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        let src = agent_channel(s, "huge", &[]).await;
-        let n = MAX_COPIED as usize + 10;
-        let ids = seed(s, &src.cid, "amy", "c", n, BASE_TS).await;
-        let out = fork(s, &src.cid, &ids[n - 1], "hf").await;
+        let (ids, out) = fork_of_seeded(s, "huge", MAX_COPIED as usize + 10, "hf").await;
         let fc = "agent:hf";
         assert_eq!(out.fork.status, ForkStatus::Backfilling);
         backfill_to_end(s, fc, BACKFILL_PAGE).await;
@@ -381,18 +387,16 @@ async fn a_fork_of_more_than_10000_messages_keeps_the_newest_10000_and_is_marked
 async fn messages_imported_below_a_backfills_cursor_never_push_it_past_the_cap() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        let src = agent_channel(s, "grow", &[]).await;
-        let n = MAX_COPIED as usize;
-        let ids = seed(s, &src.cid, "amy", "c", n, BASE_TS).await;
+        let (ids, out) = fork_of_seeded(s, "grow", MAX_COPIED as usize, "gr").await;
         let fc = "agent:gr";
-        assert_eq!(fork(s, &src.cid, &ids[n - 1], "gr").await.fork.status, ForkStatus::Backfilling);
+        assert_eq!(out.fork.status, ForkStatus::Backfilling);
         assert_eq!(s.backfill_step(fc, BACKFILL_PAGE).await.expect("backfill step"), BackfillStep::More);
         assert!(!summary(s, fc).await.truncated, "planned with exactly 10,000 eligible messages");
         // Three messages between the 101st and the 102nd oldest, far below the cursor.
         let amy = user("amy");
         for k in 0..3 {
             let at = BASE_TS + 100 * MS + 1 + k;
-            s.send_message(&src.cid, &msg_at(&format!("imp{k}"), "imported", at), &amy).await.expect("import a message");
+            s.send_message("agent:grow", &msg_at(&format!("imp{k}"), "imported", at), &amy).await.expect("import a message");
         }
         // The rest by two workers of their own stores at once: the page the cap cuts is taken
         // under the fork's locks like every other, by whichever worker gets there.
@@ -417,10 +421,7 @@ async fn messages_imported_below_a_backfills_cursor_never_push_it_past_the_cap()
 async fn a_fork_of_exactly_10000_messages_copies_them_all_and_is_not_truncated() {
     with_store(|ctx| async move {
         let s = &ctx.store;
-        let src = agent_channel(s, "exact", &[]).await;
-        let n = MAX_COPIED as usize;
-        let ids = seed(s, &src.cid, "amy", "c", n, BASE_TS).await;
-        fork(s, &src.cid, &ids[n - 1], "ex").await;
+        let (ids, _) = fork_of_seeded(s, "exact", MAX_COPIED as usize, "ex").await;
         let fc = "agent:ex";
         backfill_to_end(s, fc, BACKFILL_PAGE).await;
         let done = summary(s, fc).await;
