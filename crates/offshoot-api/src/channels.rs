@@ -75,8 +75,8 @@ pub(crate) async fn channel_state(
 
 /// A channel and its state as a channel query renders them, written straight to the response
 /// by the typed views of [`render`]: a Query Channels page holds hundreds of messages and
-/// members, and building a `Value` tree of them first was most of its time (BENCHMARKS.md,
-/// "Query Channels, typed renderers", and the twenty-fourth session).
+/// members, and building a `Value` tree of them first was a seventh of the server's time
+/// (docs/performance.md, "Query Channels").
 pub(crate) struct StateOut {
     dialect: render::Dialect,
     channel: Channel,
@@ -772,7 +772,7 @@ const CHANNEL_BYTES: usize = 8_192;
 impl axum::response::IntoResponse for QueryChannelsResponse {
     /// As [`Json`] answers, into a buffer sized for the answer: a page of 30 channels is about
     /// 1.2 MB, and growing a buffer to it from 128 bytes copied it about once more
-    /// (BENCHMARKS.md, twenty-fourth session).
+    /// (docs/performance.md, "Query Channels").
     fn into_response(self) -> axum::response::Response {
         let messages: usize = self.channels.iter().map(|c| c.state.messages.len() + c.state.pinned.len()).sum();
         let size = (messages * MESSAGE_BYTES + self.channels.len() * CHANNEL_BYTES).min(16 << 20);

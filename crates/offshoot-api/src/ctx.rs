@@ -24,8 +24,8 @@ pub struct Ctx {
 
 /// A success body serialised straight from its views, with no `serde_json::Value` tree built
 /// in between: the answers to a message sent or updated, which an agent streaming its answer
-/// asks for twenty times a second, each carrying the whole text so far (BENCHMARKS.md,
-/// twentieth session).
+/// asks for twenty times a second, each carrying the whole text so far (docs/performance.md,
+/// "Agent streaming").
 pub struct Answer(Vec<u8>);
 
 impl axum::response::IntoResponse for Answer {

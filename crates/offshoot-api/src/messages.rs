@@ -174,8 +174,8 @@ async fn editor(st: &ApiState, ctx: &Ctx, actor: &Actor, m: &Message) -> Result<
 
 /// Who changes message `id`. A server-side request names a user or nobody (the author) and reads
 /// nothing first: the store checks the message under its channel's lock (an agent streams its
-/// answer as updates, BENCHMARKS.md figure e). A user's request is checked here first: the user
-/// must see the message, read its channel and own it (or be an admin).
+/// answer as updates: docs/performance.md, "Agent streaming"). A user's request is checked here
+/// first: the user must see the message, read its channel and own it (or be an admin).
 async fn editor_of(st: &ApiState, ctx: &Ctx, actor: &Actor, id: &str) -> Result<Editor, Error> {
     if ctx.viewer.is_server() {
         return Ok(actor.id()?.map_or(Editor::Author, Editor::Named));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 /// What every handler can reach. Handed to each request as a clone, so it is one shared
 /// pointer: cloning the store and the rest field by field was about 1.7 % of the server's CPU
-/// under an agent's stream (BENCHMARKS.md, eighteenth and nineteenth sessions).
+/// under an agent's stream (docs/performance.md, "Agent streaming").
 #[derive(Clone)]
 pub struct ApiState(Arc<Shared>);
 

@@ -144,8 +144,8 @@ fn to_value(view: impl Serialize) -> Value {
 
 // Typed views: users, reactions and messages written straight to the output, with no `Value`
 // tree in between. A Query Channels page renders hundreds of messages, each with its users, and
-// building, serialising and dropping their trees was most of its time (BENCHMARKS.md, "Query
-// Channels, typed renderers"). The `Value` renderers above are these views, converted.
+// building, serialising and dropping their trees was most of its time (docs/performance.md,
+// "Query Channels"). The `Value` renderers above are these views, converted.
 
 /// A timestamp in the dialect's form.
 pub struct TsOut(pub Dialect, pub Ts);

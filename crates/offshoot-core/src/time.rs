@@ -18,7 +18,7 @@ pub fn to_rfc3339(ts: Ts) -> String {
 
 /// [`to_rfc3339`]'s text, written on the stack: a Query Channels page writes thousands of
 /// timestamps, and formatting each into a `String` of its own was a tenth of its rendering
-/// (BENCHMARKS.md, twenty-fourth session).
+/// (docs/performance.md, "Query Channels").
 pub struct Rfc3339 {
     buf: [u8; 30],
     len: usize,

@@ -145,9 +145,9 @@ async fn prune_outbox(store: Store, retention: Duration, interval: Duration, shu
 /// each first touch of such memory then has the kernel zero 2 MiB on the request's thread: under
 /// load both runtime threads spent a quarter of a second at a time doing that while every
 /// request waited: PostgreSQL's sustained send rate was 100–750/s with huge pages and is
-/// 1,500/s without (BENCHMARKS.md, sixteenth session). The kernel checks the flag at each
-/// fault, so memory mapped before the call gets no new huge pages either; pages already
-/// faulted in stay as they are.
+/// 1,500/s without (docs/performance.md, "Memory: connections, allocator and huge pages"). The
+/// kernel checks the flag at each fault, so memory mapped before the call gets no new huge pages
+/// either; pages already faulted in stay as they are.
 pub fn huge_pages_off() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     rustix::thread::disable_transparent_huge_pages(true)?;

@@ -8,7 +8,8 @@ use offshoot::Config;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc, not the system allocator: a request allocates and frees many small buffers across
-/// threads, and glibc's malloc took a fifth of the server's time under load (BENCHMARKS.md).
+/// threads, and glibc's malloc took a fifth of the server's time under load
+/// (docs/performance.md, "Memory: connections, allocator and huge pages").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
