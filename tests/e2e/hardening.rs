@@ -1,6 +1,7 @@
 //! Input and lifecycle defects that once reached clients as 500s or leaks, on both backends:
 //! NUL characters, html from client-side edits, inexact restricted-visibility matching, and
-//! outbox pruning (every role prunes; `require_finished` does not depend on pruned events).
+//! outbox pruning (every role prunes; `require_finished` does not depend on pruned events),
+//! over-long ids bound for indexed columns, envelopes on every route, plain logs in a pipe.
 
 use crate::helpers::*;
 use serde_json::json;
@@ -118,4 +119,91 @@ async fn a_process_without_the_worker_role_prunes_the_outbox_and_require_finishe
     // The agent is still writing: pruning its ai_indicator.update changed nothing.
     let body = json!({"message_id": answer, "channel": {"id": "pruned-fork"}, "require_finished": true});
     app.fork_with("agent:pruned", body).await.err_reason(409, 4, "fork_point_generating");
+}
+
+#[tokio::test]
+async fn over_long_ids_bound_for_indexed_columns_are_refused_with_a_400_that_names_the_field_on_both_backends() {
+    let app = TestApp::spawn().await;
+    app.users(&["u1"]).await;
+    app.channel("agent:long", "u1", &["u1"]).await;
+    let path = channel_path("agent:long");
+    // Incompressible and far over PostgreSQL's index row limit (about 2.7 KB).
+    let long: String = (0..20_000).map(|i| char::from(b'a' + ((i * 7919 + i / 13) % 26) as u8)).collect();
+
+    for kind in ["ai_indicator.update", "ai_indicator.clear"] {
+        let body = app
+            .post(
+                &format!("{path}/event"),
+                &app.server(),
+                json!({"event": {"type": kind, "message_id": long, "ai_state": "AI_STATE_THINKING", "user_id": "u1"}}),
+            )
+            .await
+            .err(400, 4);
+        assert_eq!(body["exception_fields"]["field"], json!("event.message_id"), "{kind}: {body}");
+    }
+    let body = app
+        .post(&format!("{path}/event"), &app.server(), json!({"event": {"type": "ai_indicator.update", "message_id": 7, "user_id": "u1"}}))
+        .await
+        .err(400, 4);
+    assert_eq!(body["exception_fields"]["field"], json!("event.message_id"), "{body}");
+    for (field, message) in [
+        ("message.parent_id", json!({"text": "a", "user_id": "u1", "parent_id": long})),
+        ("message.quoted_message_id", json!({"text": "a", "user_id": "u1", "quoted_message_id": long})),
+        ("message.restricted_visibility", json!({"text": "a", "user_id": "u1", "restricted_visibility": [long]})),
+    ] {
+        let body = app.post(&format!("{path}/message"), &app.server(), json!({"message": message})).await.err(400, 4);
+        assert_eq!(body["exception_fields"]["field"], json!(field), "{body}");
+    }
+
+    // Nothing was written; a well-formed AI event and message still go through.
+    let state = app.state("agent:long", 10).await;
+    assert_eq!(state["messages"].as_array().expect("messages").len(), 0, "{state}");
+    let id = app.say("agent:long", "u1", "fine").await;
+    app.post(
+        &format!("{path}/event"),
+        &app.server(),
+        json!({"event": {"type": "ai_indicator.update", "message_id": id, "ai_state": "AI_STATE_THINKING", "user_id": "u1"}}),
+    )
+    .await
+    .ok();
+}
+
+#[tokio::test]
+async fn a_wrong_method_on_connect_healthz_and_metrics_and_an_unknown_path_answer_stream_envelopes() {
+    let app = TestApp::spawn().await;
+    for path in ["/connect", "/api/v2/connect", "/healthz", "/metrics"] {
+        for method in [reqwest::Method::PUT, reqwest::Method::PATCH, reqwest::Method::DELETE, reqwest::Method::POST] {
+            let r = app.send(app.http.request(method.clone(), format!("{}{path}", app.base))).await;
+            let body = r.err(405, 4);
+            assert!(body["message"].as_str().is_some_and(|m| m.contains(path)), "{method} {path}: {body}");
+        }
+    }
+    let r = app.send(app.http.get(format!("{}/no/such/endpoint", app.base))).await;
+    r.err(404, 16);
+}
+
+#[tokio::test]
+async fn logs_written_to_a_pipe_carry_no_colour_codes() {
+    let db = TestDb::create().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    let child = std::process::Command::new(binary_path())
+        .arg("serve")
+        .env("DATABASE_URL", &db.url)
+        .env("OFFSHOOT_LISTEN", format!("127.0.0.1:{port}"))
+        .env("OFFSHOOT_API_KEY", API_KEY)
+        .env("OFFSHOOT_API_SECRET", API_SECRET)
+        .env("RUST_LOG", "info")
+        .env("OFFSHOOT_LOG_FORMAT", "text")
+        .env_remove("NO_COLOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning the offshoot binary");
+    let client = Client::new(format!("http://127.0.0.1:{port}"));
+    client.wait_healthy(|| Ok(())).await;
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let out = child.wait_with_output().expect("the server exits");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("offshoot listening"), "the log reached the pipe: {text}");
+    assert!(!text.contains('\u{1b}') && !out.stderr.contains(&0x1b), "no ANSI escape in piped logs: {text:?}");
 }

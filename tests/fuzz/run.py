@@ -6,7 +6,8 @@ For each backend (SQLite always; PostgreSQL when --pg-url is given) this starts
 /healthz, and runs `st run` against every operation of the document with a valid server-side
 token and a bounded number of examples per operation. What must hold: no 5xx, every response
 conforms to its documented schema and status codes (every error is Stream's envelope), and
-every answer has the documented content type. Used by scripts/test; by hand:
+every answer has the documented content type. Then `long_values.py` puts a long value into each
+field that reaches an indexed column and requires a 4xx envelope. Used by scripts/test; by hand:
 
     .venv-fuzz/bin/python tests/fuzz/run.py --binary target/debug/offshoot [--pg-url postgres://...] [--max-examples N]
 """
@@ -32,6 +33,9 @@ import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import long_values  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -152,6 +156,11 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, max_e
             "/metrics",
         ]
         code = subprocess.run(cmd, env=st_env, cwd=workdir).returncode
+        failures = long_values.run(base_url, API_KEY, server_token(API_SECRET))
+        for f in failures:
+            print(f"long value on {backend}: {f}", file=sys.stderr)
+        print(f"--- long values on {backend}: {len(failures)} of {len(long_values.probes())} probes failed", flush=True)
+        code = code or (1 if failures else 0)
     finally:
         stop(proc)
     print(f"--- schemathesis on {backend}: exit {code} in {time.monotonic() - started:.0f}s", flush=True)

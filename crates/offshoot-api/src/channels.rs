@@ -675,6 +675,17 @@ pub async fn send_event(
             return Err(Error::not_allowed("you cannot send events to this channel").into());
         }
     }
+    let extra = ev.extra.into_custom();
+    if kind.starts_with("ai_indicator.") {
+        // The AI state is kept per (channel, message id) in an indexed table.
+        match extra.get("message_id") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(id)) => {
+                ids::parse_message_id(id).map_err(|e| e.field("field", "event.message_id"))?;
+            }
+            Some(_) => return Err(Error::input("event.message_id must be a string").field("field", "event.message_id").into()),
+        }
+    }
     let user = actor(&st, &ctx, &ev.actor).await?;
     let event = Event {
         kind,
@@ -682,7 +693,7 @@ pub async fn send_event(
         channel_type: Some(ch.kind.clone()),
         channel_id: Some(ch.id.clone()),
         user,
-        extra: ev.extra.into_custom(),
+        extra,
         created_at: time::now(),
         ..Default::default()
     };

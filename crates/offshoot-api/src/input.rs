@@ -372,6 +372,20 @@ pub fn html_of(text: &str) -> String {
 }
 
 /// User ids of `mentioned_users` (strings or user objects).
+/// An optional message id from a client (empty = none), checked like a message's own id: it is
+/// looked up in indexed columns, where PostgreSQL refuses an over-long key with a 500.
+pub fn opt_message_id(id: Option<String>, field: &str) -> R<Option<String>> {
+    match id {
+        Some(id) if !id.is_empty() => Ok(Some(ids::parse_message_id(&id).map_err(|e| e.field("field", field))?)),
+        _ => Ok(None),
+    }
+}
+
+/// User ids from a client, each checked as a user id (they key indexed rows).
+pub fn user_ids(list: Vec<String>, field: &str) -> R<Vec<String>> {
+    list.iter().map(|u| ids::parse_user_id(u).map_err(|e| e.field("field", field))).collect()
+}
+
 pub fn mentioned(list: Option<Vec<UserRef>>) -> R<Vec<String>> {
     list.unwrap_or_default().iter().map(|u| required(u.id().map(str::to_string), "mentioned_users.id")).collect()
 }
@@ -418,7 +432,9 @@ impl MessageInput {
         if self.created_at.is_some() && !server_side {
             return Err(Error::not_allowed("only server-side requests can set created_at"));
         }
-        let parent_id = self.parent_id.filter(|p| !p.is_empty());
+        let parent_id = opt_message_id(self.parent_id, "message.parent_id")?;
+        let quoted_message_id = opt_message_id(self.quoted_message_id, "message.quoted_message_id")?;
+        let restricted_visibility = user_ids(self.restricted_visibility.unwrap_or_default(), "message.restricted_visibility")?;
         Ok(NewMessage {
             id,
             user_id: String::new(),
@@ -429,10 +445,10 @@ impl MessageInput {
             command: self.command,
             show_in_channel: parent_id.is_some() && self.show_in_channel.unwrap_or(false),
             parent_id,
-            quoted_message_id: self.quoted_message_id.filter(|q| !q.is_empty()),
+            quoted_message_id,
             attachments,
             mentioned_users: mentioned(self.mentioned_users)?,
-            restricted_visibility: self.restricted_visibility.unwrap_or_default(),
+            restricted_visibility,
             silent: self.silent.unwrap_or(false),
             i18n: self.i18n,
             custom,

@@ -280,11 +280,11 @@ async fn stamp(mut req: Request, next: Next) -> Response {
     STARTED.scope(Instant::now(), next.run(req)).await
 }
 
-async fn not_found(req: Request) -> ApiError {
+pub(crate) async fn not_found(req: Request) -> ApiError {
     ApiError(offshoot_core::Error::not_found(format!("no endpoint {} {}", req.method(), req.uri().path())))
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
+pub(crate) async fn method_not_allowed(req: Request) -> ApiError {
     ApiError(offshoot_core::Error::new(
         offshoot_core::ErrorKind::MethodNotAllowed,
         format!("{} is not allowed on {}", req.method(), req.uri().path()),

@@ -48,9 +48,13 @@ impl Default for Limits {
 const UNMATCHED: &str = "unmatched";
 
 /// Wraps `router` (every route of the process) with request ids, the request span and log
-/// line, HTTP metrics and the limits.
+/// line, HTTP metrics and the limits. Routes that have no answer of their own for a wrong
+/// method (`/connect`, `/healthz`, `/metrics`) answer it with Stream's envelope (405), and so
+/// does an unknown path in a process without the API role (404).
 pub fn layers(router: Router, limits: Limits) -> Router {
     router
+        .method_not_allowed_fallback(crate::method_not_allowed)
+        .fallback(crate::not_found)
         .layer(middleware::from_fn_with_state(limits, meter))
         .layer(TraceLayer::new_for_http().make_span_with(make_span).on_request(()).on_response(on_response).on_failure(()))
         .layer(PropagateRequestIdLayer::x_request_id())

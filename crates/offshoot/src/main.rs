@@ -17,7 +17,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// the fields of every enclosing span, so each line of a request carries its `request_id`.
 fn init_tracing(format: offshoot::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,sqlx=warn".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only for a person at a terminal: a file or a pipe gets plain lines, and NO_COLOR
+    // (any non-empty value, no-color.org) turns colour off everywhere.
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let ansi = !no_color && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi);
     match format {
         offshoot::LogFormat::Text => builder.init(),
         offshoot::LogFormat::Json => builder.json().with_current_span(false).with_span_list(true).init(),
