@@ -45,6 +45,15 @@ pub fn backend() -> Backend {
     }
 }
 
+/// The first statement of a test that needs PostgreSQL (several processes on one database).
+/// Such a test also carries `#[ignore = "PostgreSQL only: …"]`, so a plain run on SQLite reports
+/// it as ignored, not passed; the PostgreSQL pass runs it with `--include-ignored`. Run on
+/// SQLite anyway, it fails here rather than passing without testing anything.
+#[track_caller]
+pub fn require_postgres(why: &str) {
+    assert_eq!(backend(), Backend::Postgres, "PostgreSQL only ({why}): run it with OFFSHOOT_TEST_BACKEND=postgres");
+}
+
 /// `admin_url` with its database name replaced by `name` (query parameters kept).
 fn database_url(admin_url: &str, name: &str) -> String {
     let after_scheme = admin_url.find("://").map(|i| i + 3).unwrap_or(0);

@@ -530,11 +530,9 @@ async fn the_cli_lists_dead_letters_and_replays_them() {
 /// every message still reaches the receiver, each under one `X-Webhook-Id` (an event queued
 /// twice, past the unique job id, would arrive under two), and nothing unhooked arrives.
 #[tokio::test]
+#[ignore = "PostgreSQL only: runs with OFFSHOOT_TEST_BACKEND=postgres and --include-ignored"]
 async fn two_workers_relaying_at_once_deliver_every_event_once_even_when_one_is_killed() {
-    if backend() != Backend::Postgres {
-        eprintln!("several worker processes need PostgreSQL (OFFSHOOT_TEST_BACKEND=postgres)");
-        return;
-    }
+    require_postgres("several worker processes on one database");
     let db = TestDb::create().await;
     let api = ServerProcess::start(&db, &[("OFFSHOOT_ROLES", "api")]).await;
     let (url, mut rx) = receiver(false).await;

@@ -195,11 +195,9 @@ async fn busy_backfill_workers(db: &TestDb) -> HashSet<String> {
 }
 
 #[tokio::test]
+#[ignore = "PostgreSQL only: runs with OFFSHOOT_TEST_BACKEND=postgres and --include-ignored"]
 async fn on_postgres_two_workers_split_eight_forks_and_when_one_is_killed_the_other_finishes_them() {
-    if backend() != Backend::Postgres {
-        eprintln!("PostgreSQL only (several worker processes need it): skipped on SQLite");
-        return;
-    }
+    require_postgres("several worker processes on one database");
     let db = TestDb::create().await;
     let env = [
         ("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"),
