@@ -750,9 +750,19 @@ impl ServerProcess {
 
     /// SIGTERM, then waits (bounded) for the process to exit; returns its exit status.
     pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        self.sigterm();
+        self.wait_exit(within).await
+    }
+
+    /// Sends SIGTERM (the graceful shutdown) without waiting.
+    pub fn sigterm(&self) {
         let pid = self.child.id().to_string();
         let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
         assert!(sent.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits (bounded) for the process to exit; returns its exit status.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + within;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
