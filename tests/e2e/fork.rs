@@ -1110,6 +1110,10 @@ async fn a_backfill_killed_mid_way_resumes_after_a_restart_without_loss_or_dupli
     let mut first = ServerProcess::start(&db, &[("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"), ("OFFSHOOT_BACKFILL_PAGE_DELAY_MS", "150")]).await;
     let m = source(&first.client, "crash", 400).await;
     let fc = "agent:crash-fork";
+    // A gate: copies of the 250 oldest messages fail (and are retried after a back-off) until the
+    // gate is removed, so the first process cannot finish the backfill, whenever it is killed.
+    let gate = ts_of(&first.get(&format!("/messages/{}", m[250]), &first.server()).await.ok()["message"]["created_at"]);
+    crate::worker::inject_copy_fault(&db, fc, gate).await;
     let r = first.fork("agent:crash", &m[399], "crash-fork").await.ok();
     assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
     let task_id = r["fork"]["task_id"].as_str().expect("task_id").to_string();
@@ -1119,7 +1123,7 @@ async fn a_backfill_killed_mid_way_resumes_after_a_restart_without_loss_or_dupli
         let t = first.get(&format!("/tasks/{task_id}"), &first.server()).await.ok();
         let copied = t["result"]["copied_message_count"].as_i64().unwrap_or(0);
         if copied >= 130 {
-            assert!(copied < 400, "the backfill should still be running: {t}");
+            assert!(copied <= 250, "nothing below the gate is copied: {t}");
             assert_eq!(t["status"], json!("running"), "{t}");
             assert_eq!(t["result"]["total_message_count"], json!(400), "live progress names the total: {t}");
             // Newest first: what is copied so far is always the newest part of the history.
@@ -1137,6 +1141,7 @@ async fn a_backfill_killed_mid_way_resumes_after_a_restart_without_loss_or_dupli
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     first.kill();
+    crate::worker::remove_copy_fault(&db).await;
     let second = ServerProcess::start(&db, &[("OFFSHOOT_BACKFILL_PAGE_SIZE", "10")]).await;
     assert_eq!(second.fork_summary(fc).await["status"], json!("backfilling"), "the fork was not finished when the process died");
     let done = second.wait_fork_finished(fc).await;

@@ -26,7 +26,7 @@ pub(crate) async fn execute(db: &TestDb, sql: &str) {
 
 /// Makes every insert of a copy into `fork_cid` of a message created before `before_ns` fail,
 /// as a database fault would.
-async fn inject_copy_fault(db: &TestDb, fork_cid: &str, before_ns: i64) {
+pub(crate) async fn inject_copy_fault(db: &TestDb, fork_cid: &str, before_ns: i64) {
     let sql = match backend() {
         Backend::Sqlite => format!(
             "CREATE TRIGGER injected_fault BEFORE INSERT ON message WHEN NEW.cid = '{fork_cid}' AND NEW.created_at < {before_ns} \
@@ -39,6 +39,15 @@ async fn inject_copy_fault(db: &TestDb, fork_cid: &str, before_ns: i64) {
         ),
     };
     execute(db, &sql).await;
+}
+
+/// Removes what [`inject_copy_fault`] added.
+pub(crate) async fn remove_copy_fault(db: &TestDb) {
+    let sql = match backend() {
+        Backend::Sqlite => "DROP TRIGGER injected_fault;",
+        Backend::Postgres => "DROP TRIGGER injected_fault ON message; DROP FUNCTION injected_fault();",
+    };
+    execute(db, sql).await;
 }
 
 fn queue<'a>(counts: &'a Value, name: &str) -> &'a Value {
