@@ -106,8 +106,13 @@ async fn a_queued_backfill_starts_at_once_even_when_the_worker_polls_only_hourly
     app.users(&["u1"]).await;
     app.channel("agent:woken", "u1", &["u1"]).await;
     let m = app.seed("agent:woken", "u1", "woken", 150, past_ns(), 8).await;
-    // Let the worker's first poll (at its start) pass, so only a wake-up is left.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A first fork's job may be found by the worker's first poll (at its start) or by a
+    // wake-up; either way, once that job has run the first poll is past (a job starts only
+    // from a fetch, and the first fetch is the first poll), so only wake-ups are left for the
+    // forks after it.
+    let r = app.fork("agent:woken", &m[149], "woken-first").await.ok();
+    assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    assert_eq!(app.wait_fork_finished("agent:woken-first").await["status"], json!("completed"));
     // One after the other: each fork's job is pushed right after the last one finished, while
     // the worker may be fetching again (the race `queue::Wake` has to survive).
     for i in 0..5 {
