@@ -202,8 +202,13 @@ async fn concurrent_member_additions_and_removals_on_one_channel_all_apply_witho
     assert_eq!(members, expected, "every acknowledged addition and removal applies");
 }
 
+/// Every request adds or removes the same six members, half of them listing them in the
+/// opposite order. None may fail (a deadlock aborts one of them), and each applies whole: the
+/// final member set is the six and the owner (an addition committed last) or the owner alone (a
+/// removal committed last), never part of the six, and the channel's `member_count` agrees,
+/// seen through either server.
 #[tokio::test]
-async fn concurrent_multi_member_changes_in_opposite_orders_do_not_deadlock() {
+async fn concurrent_multi_member_changes_in_opposite_orders_do_not_deadlock_and_each_applies_whole() {
     let (a, b) = two_servers().await;
     let users: Vec<String> = (0..6).map(|i| format!("m{i}")).collect();
     let refs: Vec<&str> = users.iter().map(String::as_str).chain(["owner"]).collect();
@@ -228,6 +233,15 @@ async fn concurrent_multi_member_changes_in_opposite_orders_do_not_deadlock() {
     })
     .await;
     all_ok(&out);
+    let owner_alone = vec!["owner".to_string()];
+    let mut all_six: Vec<String> = users.iter().cloned().chain(["owner".to_string()]).collect();
+    all_six.sort();
+    for (name, server) in [("a", &a), ("b", &b)] {
+        let st = server.state("agent:orders", 1).await;
+        let members = member_ids(&st);
+        assert!(members == all_six || members == owner_alone, "server {name}: each change applies whole, not in part: {members:?}");
+        assert_eq!(st["channel"]["member_count"], json!(members.len()), "server {name}: member_count agrees with the members: {st}");
+    }
 }
 
 #[tokio::test]

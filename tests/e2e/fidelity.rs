@@ -35,16 +35,22 @@ async fn next_json(ws: &mut Ws, wait: Duration) -> Option<Value> {
     }
 }
 
-/// The `message.new` events a socket receives within `wait`.
-async fn new_messages(ws: &mut Ws, wait: Duration) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + wait;
+/// The types of the `message.new` events a socket receives up to and including the one whose
+/// message has the text `marker` (within [`WAIT`]).
+async fn new_message_types_until(ws: &mut Ws, marker: &str) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
     let mut out = Vec::new();
-    while let Some(v) = next_json(ws, deadline.saturating_duration_since(tokio::time::Instant::now())).await {
+    loop {
+        let v = next_json(ws, deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await
+            .unwrap_or_else(|| panic!("no message.new {marker:?} within {WAIT:?}; before it: {out:?}"));
         if v["type"] == json!("message.new") {
-            out.push(v["message"].clone());
+            out.push(v["message"]["type"].as_str().unwrap_or_default().to_string());
+            if v["message"]["text"] == json!(marker) {
+                return out;
+            }
         }
     }
-    out
 }
 
 #[tokio::test]
@@ -65,15 +71,20 @@ async fn ephemeral_and_error_messages_reach_their_author_only_and_are_never_stor
     assert_eq!(err["message"]["type"], json!("error"), "{err}");
     app.say("agent:eph", "other", "for everyone").await;
 
-    let seen_by_asker: Vec<String> =
-        new_messages(&mut asker, Duration::from_secs(3)).await.iter().map(|m| m["type"].as_str().unwrap_or_default().to_string()).collect();
+    // A regular message sent after them marks how far each socket has to be read.
+    let seen_by_asker = new_message_types_until(&mut asker, "for everyone").await;
     assert_eq!(seen_by_asker, ["ephemeral", "error", "regular"], "the author gets both, in order, then the regular message");
-    let seen_by_other: Vec<String> =
-        new_messages(&mut other, Duration::from_secs(2)).await.iter().map(|m| m["type"].as_str().unwrap_or_default().to_string()).collect();
-    assert_eq!(seen_by_other, ["regular"], "another member never sees them");
+    let seen_by_other = new_message_types_until(&mut other, "for everyone").await;
+    assert_eq!(seen_by_other, ["regular"], "another member does not see them before the regular message");
+    // And not later either: a second regular message, sent once both had the first, is the next
+    // thing each socket gets.
+    app.say("agent:eph", "asker", "and after").await;
+    assert_eq!(new_message_types_until(&mut other, "and after").await, ["regular"], "another member never sees them");
+    assert_eq!(new_message_types_until(&mut asker, "and after").await, ["regular"], "the author got each of them once");
 
     let state = app.state("agent:eph", 100).await;
-    assert_eq!(ids(&state["messages"]).len(), 1, "not stored in the history: {}", state["messages"]);
+    let stored: Vec<&str> = state["messages"].as_array().expect("messages").iter().filter_map(|m| m["text"].as_str()).collect();
+    assert_eq!(stored, ["for everyone", "and after"], "only the regular messages are stored in the history");
     let id = eph["message"]["id"].as_str().expect("id");
     app.get(&format!("/messages/{id}"), &app.server()).await.err(404, 16);
     // Client-side requests cannot send them.

@@ -45,6 +45,15 @@ pub fn backend() -> Backend {
     }
 }
 
+/// The first statement of a test that needs PostgreSQL (several processes on one database).
+/// Such a test also carries `#[ignore = "PostgreSQL only: …"]`, so a plain run on SQLite reports
+/// it as ignored, not passed; the PostgreSQL pass runs it with `--include-ignored`. Run on
+/// SQLite anyway, it fails here rather than passing without testing anything.
+#[track_caller]
+pub fn require_postgres(why: &str) {
+    assert_eq!(backend(), Backend::Postgres, "PostgreSQL only ({why}): run it with OFFSHOOT_TEST_BACKEND=postgres");
+}
+
 /// `admin_url` with its database name replaced by `name` (query parameters kept).
 fn database_url(admin_url: &str, name: &str) -> String {
     let after_scheme = admin_url.find("://").map(|i| i + 3).unwrap_or(0);
@@ -741,9 +750,19 @@ impl ServerProcess {
 
     /// SIGTERM, then waits (bounded) for the process to exit; returns its exit status.
     pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        self.sigterm();
+        self.wait_exit(within).await
+    }
+
+    /// Sends SIGTERM (the graceful shutdown) without waiting.
+    pub fn sigterm(&self) {
         let pid = self.child.id().to_string();
         let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
         assert!(sent.success(), "kill -TERM {pid} failed");
+    }
+
+    /// Waits (bounded) for the process to exit; returns its exit status.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + within;
         while std::time::Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {

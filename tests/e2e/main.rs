@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! OFFSHOOT_TEST_BACKEND=sqlite   cargo test -p offshoot-tests --test e2e
-//! OFFSHOOT_TEST_BACKEND=postgres cargo test -p offshoot-tests --test e2e   # OFFSHOOT_TEST_PG_URL
+//! OFFSHOOT_TEST_BACKEND=postgres cargo test -p offshoot-tests --test e2e -- --include-ignored   # OFFSHOOT_TEST_PG_URL
 //! ```
+//!
+//! Tests that need several processes on one database are PostgreSQL only: they carry
+//! `#[ignore = "PostgreSQL only: …"]` (reported as ignored on SQLite) and fail if run there.
 
 mod helpers;
 

@@ -237,11 +237,9 @@ async fn watchers_are_counted_listed_paginated_and_announced_as_they_start_and_s
 }
 
 #[tokio::test]
+#[ignore = "PostgreSQL only: runs with OFFSHOOT_TEST_BACKEND=postgres and --include-ignored"]
 async fn two_ws_processes_on_one_postgres_database_share_presence_and_watchers_and_a_killed_one_is_announced_offline() {
-    if backend() != Backend::Postgres {
-        eprintln!("several ws processes need PostgreSQL (OFFSHOOT_TEST_BACKEND=postgres); SQLite runs one process");
-        return;
-    }
+    require_postgres("several ws processes on one database; SQLite runs one process");
     let app = TestApp::spawn().await;
     let other = TestApp::spawn_on(app.db.clone(), |_| {}).await;
     app.users(&["alice", "bob"]).await;

@@ -2,7 +2,7 @@
 
 use crate::helpers::*;
 use serde_json::json;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn the_first_start_without_a_key_pair_generates_one_prints_it_and_reuses_it_on_the_next_start() {
@@ -53,18 +53,136 @@ async fn the_first_start_without_a_key_pair_generates_one_prints_it_and_reuses_i
     assert!(read_pair(&String::from_utf8_lossy(&out.stdout)).is_none(), "the pair is printed once, on the first start");
 }
 
+/// A request held open by the client: its head went out with `Expect: 100-continue`, and the
+/// server's `100 Continue` (sent when the handler starts reading the body) says the server is
+/// handling it. The body follows when the test says: until then the request cannot finish.
+struct HeldRequest {
+    stream: tokio::net::TcpStream,
+    body: Vec<u8>,
+}
+
+/// Reads from `stream` until `done(bytes so far)`, within [`WAIT`].
+async fn read_until(stream: &mut tokio::net::TcpStream, what: &str, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done(&got) {
+        let n = tokio::time::timeout_at(deadline, stream.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within {WAIT:?}: {:?}", String::from_utf8_lossy(&got)))
+            .expect("reading the response");
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+async fn hold_request(client: &Client, path: &str, token: &str, body: serde_json::Value) -> HeldRequest {
+    use tokio::io::AsyncWriteExt;
+    let addr = client.base.trim_start_matches("http://").to_string();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.expect("connect to the server");
+    let body = serde_json::to_vec(&body).expect("json");
+    let head = format!(
+        "POST {path}?api_key={API_KEY} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {token}\r\nstream-auth-type: jwt\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("send the request head");
+    let got = read_until(&mut stream, "100 Continue", |b| b.windows(4).any(|w| w == b"\r\n\r\n")).await;
+    assert!(got.starts_with(b"HTTP/1.1 100"), "the server reads the body: {:?}", String::from_utf8_lossy(&got));
+    HeldRequest { stream, body }
+}
+
+impl HeldRequest {
+    /// Sends the body; returns the response's status and JSON body.
+    async fn finish(mut self) -> (u16, serde_json::Value) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(&self.body).await.expect("send the request body");
+        // `Connection: close`: the response ends with the connection.
+        let raw = read_until(&mut self.stream, "response", |_| false).await;
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("an HTTP response: {text:?}"));
+        let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("a status line: {head:?}"));
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            // Chunks: "<hex size>\r\n<data>\r\n", ending with size 0.
+            let mut out = String::new();
+            let mut rest = rest;
+            while let Some((size, after)) = rest.split_once("\r\n") {
+                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                out.push_str(&after[..n]);
+                rest = &after[n + 2..];
+            }
+            out
+        } else {
+            rest.to_string()
+        };
+        (status, serde_json::from_str(&body).unwrap_or_else(|_| json!({"_raw": body})))
+    }
+}
+
+/// SIGTERM arrives while a fork is backfilling and while requests are open. The backfill pauses
+/// a minute between pages, so once the worker has taken its job it is certainly still running
+/// when the signal comes; each request is certainly open, held by its client after the server
+/// asked for its body. The open requests are answered and their messages stored;
+/// the process exits with success; the backfill resumes after a restart on the same database
+/// and ends with every message copied exactly once.
 #[tokio::test]
-async fn sigterm_drains_and_exits_cleanly_and_the_data_is_there_after_a_restart() {
+async fn sigterm_during_a_backfill_and_open_requests_answers_them_exits_cleanly_and_the_backfill_resumes_after_a_restart() {
     let db = TestDb::create().await;
-    let mut first = ServerProcess::start(&db, &[]).await;
+    let mut first = ServerProcess::start(&db, &[("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"), ("OFFSHOOT_BACKFILL_PAGE_DELAY_MS", "60000")]).await;
     first.users(&["u1"]).await;
     first.channel("agent:kept", "u1", &["u1"]).await;
-    let id = first.say("agent:kept", "u1", "before the restart").await;
-    let status = first.terminate(Duration::from_secs(15)).await.expect("the server exits within 15 s of SIGTERM");
+    let before = first.say("agent:kept", "u1", "before the restart").await;
+    let source = first.seed("agent:kept", "u1", "kept", 300, past_ns(), 8).await;
+    let fc = "agent:kept-fork";
+    let r = first.fork("agent:kept", &source[299], "kept-fork").await.ok();
+    assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    // The worker has taken the fork's job: the backfill runs (and pauses between its pages).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let counts = first.get("/jobs", &first.server()).await.ok();
+        let backfill = counts["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == json!("offshoot.backfill"))).cloned();
+        if backfill.as_ref().is_some_and(|q| q["running"] == json!(1)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker did not take the fork's job within {WAIT:?}: {counts}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let body =
+            json!({"message": {"id": format!("during-shutdown-{i}"), "text": format!("sent during the shutdown {i}"), "user_id": "u1"}});
+        held.push(hold_request(&first, &format!("{}/message", channel_path("agent:kept")), &first.server(), body).await);
+    }
+    first.sigterm();
+    for (i, request) in held.into_iter().enumerate() {
+        let (status, body) = request.finish().await;
+        assert_eq!(status, 200, "request {i}, open when SIGTERM came, is answered: {body}");
+        assert_eq!(body["message"]["id"], json!(format!("during-shutdown-{i}")), "{body}");
+    }
+    let status = first.wait_exit(Duration::from_secs(30)).await.expect("the server exits within 30 s of SIGTERM");
     assert!(status.success(), "graceful shutdown exits with success: {status:?}");
-    let second = ServerProcess::start(&db, &[]).await;
-    let r = second.get(&format!("/messages/{id}"), &second.server()).await.ok();
+
+    let second = ServerProcess::start(&db, &[("OFFSHOOT_BACKFILL_PAGE_SIZE", "10")]).await;
+    let r = second.get(&format!("/messages/{before}"), &second.server()).await.ok();
     assert_eq!(r["message"]["text"], json!("before the restart"), "{r}");
+    for i in 0..3 {
+        let r = second.get(&format!("/messages/during-shutdown-{i}"), &second.server()).await.ok();
+        assert_eq!(r["message"]["text"], json!(format!("sent during the shutdown {i}")), "{r}");
+    }
+    let done = second.wait_fork_finished(fc).await;
+    assert_eq!(done["status"], json!("completed"), "{done}");
+    // The seeded history is a day old; the fork point is its newest message.
+    assert_eq!(done["copied_message_count"], json!(300), "{done}");
+    let all = ids(&serde_json::Value::Array(second.all_messages(fc).await));
+    assert_eq!(all, source.iter().map(|s| copy_id(fc, s)).collect::<Vec<_>>(), "every message exactly once, in order");
 }
 
 /// Runs the binary with `args` to completion; returns (success, stdout, stderr).

@@ -59,11 +59,9 @@ async fn fork_copies(db_url: &str, fork_cid: &str) -> (i64, i64) {
 }
 
 #[tokio::test]
+#[ignore = "PostgreSQL only: runs with OFFSHOOT_TEST_BACKEND=postgres and --include-ignored"]
 async fn separate_api_ws_and_worker_processes_fork_announce_once_and_survive_a_killed_worker_and_cut_connections() {
-    if backend() != Backend::Postgres {
-        eprintln!("scale-out needs PostgreSQL (OFFSHOOT_TEST_BACKEND=postgres); SQLite runs one process");
-        return;
-    }
+    require_postgres("separate api, ws and worker processes on one database; SQLite runs one process");
     let db = TestDb::create().await;
     let api1 = start(&db, "api").await;
     let api2 = start(&db, "api").await;

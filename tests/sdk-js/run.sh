@@ -86,11 +86,18 @@ healthy() {
         req.on("error", () => process.exit(1)); req.on("timeout", () => { req.destroy(); process.exit(1); });' "$1/healthz"
 }
 
+# Stops the server with SIGTERM (bounded wait, then SIGKILL). Returns non-zero, with the reason
+# on stderr, unless the server was still running and then exited with status 0: a server that
+# died during the tests, hung on shutdown or exited badly fails the pass.
 stop_server() {
     [[ -n $SERVER_PID ]] || return 0
-    local pid=$SERVER_PID
+    local pid=$SERVER_PID status=0
     SERVER_PID=
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+    if ! kill -0 "$pid" 2>/dev/null; then
+        wait "$pid" 2>/dev/null || status=$?
+        echo "tests/sdk-js: the server had already exited (status $status) before the tests ended" >&2
+        return 1
+    fi
     kill -TERM "$pid" 2>/dev/null || true
     local i
     for ((i = 0; i < STOP_TIMEOUT_S * 10; i++)); do
@@ -100,8 +107,26 @@ stop_server() {
     if kill -0 "$pid" 2>/dev/null; then
         echo "tests/sdk-js: the server did not stop within ${STOP_TIMEOUT_S}s of SIGTERM: killing it" >&2
         kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        return 1
     fi
-    wait "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || status=$?
+    if ((status != 0)); then
+        echo "tests/sdk-js: the server exited with status $status after SIGTERM (a graceful shutdown exits 0)" >&2
+        return 1
+    fi
+}
+
+# executed_tests TAP_FILE: the number of top-level tests that ran (not skipped, not todo). Fails,
+# naming it, when a test file declared no test (node reports such a file as a test of its own).
+executed_tests() {
+    local tap=$1 empty
+    empty=$(grep -E '^(not )?ok [0-9]+ - .*\.test\.mjs$' "$tap" || true)
+    if [[ -n $empty ]]; then
+        printf 'tests/sdk-js: a test file ran no test:\n%s\n' "$empty" >&2
+        return 1
+    fi
+    grep -E '^ok [0-9]+ - ' "$tap" | grep -cvE '# (SKIP|TODO)' || true
 }
 
 drop_pg_db() {
@@ -147,16 +172,30 @@ run_pass() {
     # losing side of the Promise.race in StableWSConnection._waitForHealthy), which would keep
     # each test file's process alive for 15 s after its last test. Every test disconnects its
     # users itself (and one test checks the close handshake), so nothing real is cut short.
-    local status=0
+    # A second reporter writes TAP to stderr, kept in a file to count the tests that ran: stderr
+    # is written synchronously, so the forced exit does not cut it short (a file destination
+    # loses its end).
+    local status=0 tap="$WORK/tests-$backend.tap" executed
     (
         cd "$HERE"
         exec env OFFSHOOT_SDK_BASE_URL="$base_url" OFFSHOOT_SDK_API_KEY="$API_KEY" OFFSHOOT_SDK_API_SECRET="$API_SECRET" \
             OFFSHOOT_SDK_BACKEND="$backend" OFFSHOOT_SDK_BIN="$BIN" OFFSHOOT_SDK_DATABASE_URL="$database_url" \
             OFFSHOOT_SDK_BACKFILL_PAGE_SIZE=$BACKFILL_PAGE_SIZE OFFSHOOT_SDK_WORKER_LOG="$WORK/worker-$backend.log" \
-            node --test --test-force-exit --test-reporter=spec --test-timeout=120000 "${NODE_ARGS[@]}" ./*.test.mjs
-    ) || status=$?
+            node --test --test-force-exit --test-reporter=spec --test-reporter-destination=stdout \
+            --test-reporter=tap --test-reporter-destination=stderr --test-timeout=120000 "${NODE_ARGS[@]}" ./*.test.mjs
+    ) 2>"$tap" || status=$?
+    if ((status != 0)); then
+        printf -- '\n--- node --test, TAP (%s, last 20 kB) ---\n%s\n' "$backend" "$(tail -c 20000 "$tap")" >&2
+    elif ! executed=$(executed_tests "$tap"); then
+        status=1
+    elif ((executed == 0)); then
+        echo "tests/sdk-js: node --test ran no test on $backend (all skipped, filtered out or none found)" >&2
+        status=1
+    else
+        printf 'tests/sdk-js: %s tests ran on %s\n' "$executed" "$backend"
+    fi
 
-    stop_server
+    stop_server || status=1
     if ((status != 0)); then
         printf -- '\n--- server log (%s, last 20 kB) ---\n%s\n' "$backend" "$(tail -c 20000 "$log")" >&2
         if [[ -f $WORK/worker-$backend.log ]]; then

@@ -57,16 +57,21 @@ def wait_ready(base_url: str, proc: subprocess.Popen, log_path: Path) -> None:
     raise RuntimeError(f"the server was not ready within {READY_TIMEOUT_S:.0f}s\n{log_path.read_text()}")
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen) -> str | None:
+    """SIGTERM, then a bounded wait. Returns why the shutdown was not clean (the server had
+    already died, did not stop in time, or exited with a non-zero status), or None."""
     if proc.poll() is not None:
-        return
+        return f"the server had already exited (status {proc.returncode}) before the tests ended"
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        print(f"the server did not stop within {STOP_TIMEOUT_S:.0f}s of SIGTERM: killing it", file=sys.stderr)
         proc.kill()
         proc.wait()
+        return f"the server did not stop within {STOP_TIMEOUT_S:.0f}s of SIGTERM and was killed"
+    if proc.returncode != 0:
+        return f"the server exited with status {proc.returncode} after SIGTERM (a graceful shutdown exits 0)"
+    return None
 
 
 @contextmanager
@@ -103,6 +108,7 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, pytes
     print(f"\n--- SDK tests on {backend}: {binary.name} serve at {base_url}", flush=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([str(binary), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    code = 1
     try:
         wait_ready(base_url, proc, log_path)
         test_env = dict(os.environ)
@@ -121,8 +127,11 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, pytes
             print(f"pytest collected no SDK tests on {backend}", file=sys.stderr)
             code = 1
     finally:
-        stop(proc)
-    if code != 0 or proc.returncode not in (0, -signal.SIGTERM):
+        unclean = stop(proc)
+    if unclean:
+        print(f"{unclean} ({backend})", file=sys.stderr)
+        code = code or 1
+    if code != 0:
         print(f"\n--- server log ({backend}, exit {proc.returncode}) ---\n{log_path.read_text()[-20000:]}", file=sys.stderr)
     return code
 

@@ -4,8 +4,11 @@
 //!
 //! ```text
 //! OFFSHOOT_TEST_BACKEND=sqlite   cargo test -p offshoot-store --test conformance
-//! OFFSHOOT_TEST_BACKEND=postgres cargo test -p offshoot-store --test conformance
+//! OFFSHOOT_TEST_BACKEND=postgres cargo test -p offshoot-store --test conformance -- --include-ignored
 //! ```
+//!
+//! Tests that only mean something on PostgreSQL carry `#[ignore = "PostgreSQL only: …"]`
+//! (reported as ignored on SQLite) and fail if run there (`support::require_postgres`).
 
 #[path = "conformance/support.rs"]
 mod support;

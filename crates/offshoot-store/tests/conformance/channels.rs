@@ -613,9 +613,9 @@ async fn channel_states_and_channel_state_agree() {
 /// Query Channels reads the pins of its channels through the index of pins, not by walking
 /// each channel's messages, on tables without statistics (written just now, as with autovacuum
 /// off or not yet run): the read asks for each channel's pins after its truncation
-/// (`created_at > …`), which the statement cannot know in advance, and both engines once
-/// answered that with the channels' `created_at` index (BENCHMARKS.md, seventh and fourteenth
-/// sessions). Each channel's pins are still its own, after its own truncation.
+/// (`created_at > …`), which the statement cannot know in advance, and without the pins index
+/// both engines answer that with the channels' `created_at` index (docs/performance.md, "Query
+/// Channels"). Each channel's pins are still its own, after its own truncation.
 #[tokio::test]
 async fn query_channels_reads_pins_through_the_index_of_pins_without_statistics() {
     with_store(|ctx| async move {

@@ -28,6 +28,15 @@ pub fn test_backend() -> TestBackend {
     }
 }
 
+/// The first statement of a test that needs PostgreSQL. Such a test also carries
+/// `#[ignore = "PostgreSQL only: …"]`, so a plain run on SQLite reports it as ignored, not
+/// passed; the PostgreSQL pass runs it with `--include-ignored`. Run on SQLite anyway, it fails
+/// here rather than passing without testing anything.
+#[track_caller]
+pub fn require_postgres(why: &str) {
+    assert_eq!(test_backend(), TestBackend::Postgres, "PostgreSQL only ({why}): run it with OFFSHOOT_TEST_BACKEND=postgres");
+}
+
 fn pg_admin_url() -> String {
     std::env::var("OFFSHOOT_TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
