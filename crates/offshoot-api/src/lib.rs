@@ -13,6 +13,7 @@
 
 mod app;
 mod channels;
+mod console;
 mod ctx;
 mod error;
 mod fork;
@@ -228,6 +229,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(api)
         .merge(health_router(store))
+        .merge(console::router())
         .route("/openapi.json", get(move || async move { axum::Json(document.as_ref().clone()) }))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(stamp))
