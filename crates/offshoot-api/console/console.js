@@ -8,7 +8,7 @@ import { h, renderDeadLetters, renderJobs, renderMessages, renderTree, statusOf 
 // While any node backfills the tree is read again this often; otherwise now and then, so a
 // fork started elsewhere appears by itself.
 const LIVE_POLL_MS = 700;
-const IDLE_POLL_MS = 4000;
+const IDLE_POLL_MS = 3000;
 const QUEUE_POLL_MS = 5000;
 
 const $ = (id) => document.getElementById(id);
@@ -208,15 +208,17 @@ async function loadMessages(generation) {
     const shown = new Set(messages.map((m) => m.id));
     const earlier = [...forksAt.entries()].filter(([id]) => !shown.has(id)).flatMap(([, n]) => n);
     const self = nodes.find((n) => n.cid === cid);
-    const parts = [messages.length ? `The ${messages.length} newest message${messages.length === 1 ? "" : "s"}.` : "No messages."];
-    if (earlier.length) parts.push(`Forked at older messages: ${earlier.map((n) => n.cid).join(", ")}.`);
-    ok("channel-status", parts.join(" "));
+    ok("channel-status", messages.length ? `The ${messages.length} newest message${messages.length === 1 ? "" : "s"}, newest first.` : "No messages.");
     const status = $("channel-status");
     if (self && self.parent_cid) {
-      status.append(" ", h("button", { type: "button", class: "link mono", onclick: () => open(self.parent_cid) }, `Forked from ${self.parent_cid}`));
+      status.append(" ", h("button", { type: "button", class: "link mono", onclick: () => open(self.parent_cid), "aria-label": `Open the source ${self.parent_cid}` }, `Forked from ${self.parent_cid}`));
     }
-    for (const n of earlier) {
-      status.append(" ", h("button", { type: "button", class: "link mono", onclick: () => open(n.cid), "aria-label": `Open fork ${n.cid}` }, n.cid));
+    if (earlier.length) {
+      status.append(" Forked at older messages: ");
+      earlier.forEach((n, i) => {
+        if (i) status.append(", ");
+        status.append(h("button", { type: "button", class: "link mono", onclick: () => open(n.cid), "aria-label": `Open fork ${n.cid}` }, n.cid));
+      });
     }
   } catch (e) {
     if (generation !== state.generation) return;

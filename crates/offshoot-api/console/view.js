@@ -126,6 +126,9 @@ export function renderTree(container, lineage, current, open) {
     if (!children.has(key)) children.set(key, []);
     children.get(key).push(n);
   }
+  // Siblings oldest fork first, so a new fork lands at the end and nothing jumps.
+  const made = (n) => (n.fork && n.fork.created_at) || n.created_at || "";
+  for (const list of children.values()) list.sort((a, b) => (made(a) < made(b) ? -1 : made(a) > made(b) ? 1 : 0));
   const roots = lineage.nodes.filter((n) => !n.parent_cid || !byCid.has(n.parent_cid));
   const level = (nodes, depth) =>
     h(
@@ -136,11 +139,11 @@ export function renderTree(container, lineage, current, open) {
   container.replaceChildren(level(roots, 0));
 }
 
-// The channel's newest messages, oldest first; messages a fork was made at are marked with
+// The channel's newest messages, newest first; messages a fork was made at are marked with
 // links to those forks.
 export function renderMessages(list, messages, forksAt, open) {
   list.replaceChildren(
-    ...messages.map((m) => {
+    ...[...messages].reverse().map((m) => {
       const user = m.user || {};
       const forks = forksAt.get(m.id) || [];
       return h(
@@ -173,27 +176,19 @@ export function renderJobs(container, queues) {
     return;
   }
   const cols = ["queued", "running", "retrying", "failed", "dead_lettered"];
-  const label = { queued: "Queued", running: "Running", retrying: "Retrying", failed: "Failed", dead_lettered: "Dead" };
-  container.replaceChildren(
+  const label = { queued: "Queued", running: "Running", retrying: "Retry", failed: "Failed", dead_lettered: "Dead" };
+  const title = { queued: "waiting to run", running: "taken by a worker", retrying: "waiting for a later attempt", failed: "given up by the queue", dead_lettered: "dead-lettered" };
+  const head = h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "Queue" }), cols.map((c) => h("th", { scope: "col", class: "num", title: title[c], text: label[c] }))));
+  const rows = queues.map((q) =>
     h(
-      "table",
-      { class: "jobs" },
-      h("caption", { class: "visually-hidden", text: "Jobs per queue and state" }),
-      h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "Queue" }), cols.map((c) => h("th", { scope: "col", class: "num", text: label[c] })))),
-      h(
-        "tbody",
-        {},
-        queues.map((q) =>
-          h(
-            "tr",
-            {},
-            h("th", { scope: "row", class: "mono", text: q.queue }),
-            cols.map((c) => h("td", { class: `num${q[c] ? ` has-${c}` : ""}`, "data-state": c, text: fmt(q[c]) })),
-          ),
-        ),
-      ),
+      "tr",
+      {},
+      h("th", { scope: "row", class: "mono", title: q.queue, text: q.queue.replace(/^offshoot\./, "") }),
+      cols.map((c) => h("td", { class: `num${q[c] ? ` has-${c}` : ""}`, "data-state": c, text: fmt(q[c]) })),
     ),
   );
+  const table = h("table", { class: "jobs" }, h("caption", { class: "visually-hidden", text: "Jobs per queue and state" }), head, h("tbody", {}, rows));
+  container.replaceChildren(h("div", { class: "jobs-wrap" }, table));
 }
 
 export function renderDeadLetters(container, letters, replay) {
@@ -209,13 +204,13 @@ export function renderDeadLetters(container, letters, replay) {
         h(
           "li",
           { class: "letter", "data-id": l.id },
-          h("div", { class: "letter-head" }, h("span", { class: "mono", text: l.event_type }), h("span", { class: "muted small", text: `${l.attempts} attempts · ${ago(l.created_at)}` })),
+          h("div", { class: "letter-head" }, h("span", { class: "mono", text: l.event_type }), h("span", { class: "muted small", text: `${l.attempts} attempt${l.attempts === 1 ? "" : "s"} · ${ago(l.created_at)}` })),
           h("div", { class: "mono small ellipsis", title: l.url, text: l.url }),
           l.last_error ? h("div", { class: "error small ellipsis", title: l.last_error, text: l.last_error }) : null,
           h("button", { type: "button", class: "small", onclick: (e) => replay([l.id], e.currentTarget), "aria-label": `Replay ${l.event_type} to ${l.url}` }, "Replay"),
         ),
       ),
     ),
-    letters.length > 1 ? h("button", { type: "button", class: "small ghost", onclick: (e) => replay(null, e.currentTarget) }, "Replay all") : null,
+    ...(letters.length > 1 ? [h("button", { type: "button", class: "small ghost", onclick: (e) => replay(null, e.currentTarget) }, "Replay all")] : []),
   );
 }
