@@ -20,6 +20,7 @@ mod dialects;
 mod fidelity;
 mod fork;
 mod hardening;
+mod lineage;
 mod operating;
 mod presence;
 mod process;

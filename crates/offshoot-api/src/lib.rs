@@ -56,7 +56,7 @@ pub(crate) fn duration() -> String {
 
 /// Routes of chat resources: mounted at `/` (legacy) and `/api/v2/chat` (v2).
 fn chat_routes() -> Routes<ApiState> {
-    use openapi::{ForkLineage, ForkLookupRequest, ForkLookupResponse, ForkRequest, ForkResponse};
+    use openapi::{ForkLineage, ForkLookupRequest, ForkLookupResponse, ForkRequest, ForkResponse, ForkTree};
     use utoipa::openapi::schema::Type;
     let ch = |s| Doc::new("channels", s);
     let msg = |s| Doc::new("messages", s);
@@ -106,6 +106,16 @@ fn chat_routes() -> Routes<ApiState> {
                 .ok_of::<ForkLineage>()
                 .query("limit", Type::Integer, "1..100, default 25")
                 .query("offset", Type::Integer, "default 0"),
+        )
+        .op(
+            Method::GET,
+            "/channels/{type}/{id}/lineage",
+            fork::get_lineage,
+            fork("The whole fork tree of a channel, root first").ok_of::<ForkTree>().query(
+                "max_nodes",
+                Type::Integer,
+                "1..5000, default 1000",
+            ),
         )
         .op(Method::GET, "/messages/{id}", messages::get_message, msg("Get a message"))
         .op(Method::POST, "/messages/{id}", messages::update_message, msg("Update a message").body())
