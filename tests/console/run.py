@@ -439,7 +439,7 @@ def check_console(browser, base: str, link: str, api: Api, data: dict, backend: 
     find(page, "cid", data["root"])
     wait_nodes(page, 4)
     live = f"agent:live-{backend}-{uuid.uuid4().hex[:6]}"
-    api.fork(data["root"], data["mids"][-1], live, "Replay of the whole conversation")
+    api.fork(data["root"], newest["id"], live, "Replay of the whole conversation")
     bar = f".bar[data-cid='{live}']"
     samples: list[tuple[str, int]] = []
     shot_taken = False
@@ -453,7 +453,7 @@ def check_console(browser, base: str, link: str, api: Api, data: dict, backend: 
         if seen and (not samples or samples[-1] != tuple(seen)):
             samples.append(tuple(seen))
         if seen and seen[0] == "backfilling" and 20 <= seen[1] < 100 and not shot_taken:
-            page.evaluate("window.scrollTo(0, 0)")
+            page.evaluate("document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0)")
             page.screenshot(path=str(SHOTS / f"live-{backend}.png"))
             shot_taken = True
         if seen and seen[0] != "backfilling":
@@ -469,6 +469,10 @@ def check_console(browser, base: str, link: str, api: Api, data: dict, backend: 
     check(moving == sorted(moving), f"the bar went backwards: {samples}")
     check(page.evaluate("window.__loadedOnce === true"), "the page was reloaded")
     wait_nodes(page, 5)
+    counts = page.locator(f".node[data-node='{live}'] .count").inner_text()
+    check(counts == f"{SOURCE_MESSAGES:,} / {SOURCE_MESSAGES:,}", f"the live fork's counts: {counts!r}")
+    # The source's newest message, the fork point, is marked with a link to the fork.
+    page.wait_for_selector(f".message-forked button:has-text('{live}')", timeout=UI_TIMEOUT_MS)
     page.wait_for_selector("#tree-live", state="hidden", timeout=UI_TIMEOUT_MS)
     page.screenshot(path=str(SHOTS / f"done-{backend}.png"))
 

@@ -60,7 +60,7 @@ function bar(node) {
   const p = percent(f);
   const fill = h("span", { class: "bar-fill" });
   fill.style.width = `${p}%`;
-  const text = `${fmt(f.copied_message_count)} of ${fmt(f.total_message_count)} messages copied`;
+  const text = f.total_message_count ? `${fmt(f.copied_message_count)} of ${fmt(f.total_message_count)} messages copied` : `${fmt(f.copied_message_count)} messages copied`;
   return h(
     "div",
     {
@@ -97,7 +97,8 @@ function nodeCard(node, current, open) {
   );
   const facts = [];
   if (f && node.readable) {
-    facts.push(h("span", { class: "count mono" }, `${fmt(f.copied_message_count)} / ${fmt(f.total_message_count)}`));
+    const total = f.total_message_count === null || f.total_message_count === undefined ? "" : ` / ${fmt(f.total_message_count)}`;
+    facts.push(h("span", { class: "count mono", title: "messages copied / to copy" }, `${fmt(f.copied_message_count)}${total}`));
   }
   if (f && f.truncated) facts.push(h("span", { class: "tag tag-warn", text: "truncated" }));
   if (node.deleted) facts.push(h("span", { class: "tag tag-bad", text: "deleted" }));
@@ -176,9 +177,13 @@ export function renderJobs(container, queues) {
     return;
   }
   const cols = ["queued", "running", "retrying", "failed", "dead_lettered"];
-  const label = { queued: "Queued", running: "Running", retrying: "Retry", failed: "Failed", dead_lettered: "Dead" };
-  const title = { queued: "waiting to run", running: "taken by a worker", retrying: "waiting for a later attempt", failed: "given up by the queue", dead_lettered: "dead-lettered" };
-  const head = h("thead", {}, h("tr", {}, h("th", { scope: "col", text: "Queue" }), cols.map((c) => h("th", { scope: "col", class: "num", title: title[c], text: label[c] }))));
+  const label = { queued: "Wait", running: "Run", retrying: "Retry", failed: "Fail", dead_lettered: "Dead" };
+  const title = { queued: "queued", running: "running", retrying: "retrying", failed: "failed", dead_lettered: "dead-lettered" };
+  const head = h(
+    "thead",
+    {},
+    h("tr", {}, h("th", { scope: "col", text: "Queue" }), cols.map((c) => h("th", { scope: "col", class: "num", title: title[c], "aria-label": title[c], text: label[c] }))),
+  );
   const rows = queues.map((q) =>
     h(
       "tr",
