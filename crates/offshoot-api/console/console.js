@@ -18,6 +18,7 @@ const state = {
   lineage: null,
   timer: null,
   queueTimer: null,
+  sessionTimer: null,
   generation: 0,
   messagesAt: 0,
 };
@@ -39,13 +40,19 @@ function signInPrompt(message) {
   show(false);
 }
 
+// The header's "expires in": kept current; at expiry the token is dropped and the page asks again.
 function describeSession() {
+  if (!signedIn()) return;
   const c = claims(token());
+  if (c.exp && c.exp * 1000 <= Date.now()) {
+    signInPrompt("The token expired. Run offshoot console for a new link.");
+    return;
+  }
   const who = c.user_id ? `as ${c.user_id}` : "server-side";
   let expiry = "";
   if (c.exp) {
-    const mins = Math.round((c.exp * 1000 - Date.now()) / 60000);
-    expiry = mins > 0 ? ` · expires in ${mins} min` : " · expired";
+    const mins = Math.ceil((c.exp * 1000 - Date.now()) / 60000);
+    expiry = ` · expires in ${mins} min`;
   }
   $("session-who").textContent = `Signed in ${who}${expiry}`;
 }
@@ -53,6 +60,9 @@ function describeSession() {
 function start(credentials) {
   signIn(credentials);
   describeSession();
+  if (!signedIn()) return;
+  clearInterval(state.sessionTimer);
+  state.sessionTimer = setInterval(describeSession, 15000);
   show(true);
   $("find-q").focus();
   refreshQueue();
@@ -113,6 +123,7 @@ async function find(by, q) {
 // ---- the open channel: tree + messages, polled
 
 function stopPolling() {
+  clearInterval(state.sessionTimer);
   clearTimeout(state.timer);
   clearTimeout(state.queueTimer);
   state.timer = null;
@@ -125,6 +136,9 @@ function open(cid) {
   state.generation += 1;
   clearTimeout(state.timer);
   for (const b of document.querySelectorAll(".result")) b.setAttribute("aria-pressed", String(b.dataset.cid === cid));
+  // Nothing of the channel shown before stays on screen under the new one's name.
+  $("tree").replaceChildren();
+  $("messages").replaceChildren();
   ok("tree-status", "Loading…");
   ok("channel-status", "Loading…");
   $("channel-title").textContent = cid;

@@ -113,7 +113,7 @@ function nodeCard(node, current, open) {
       ? h("blockquote", { class: "fork-point" }, h("span", { class: "visually-hidden", text: "Forked at: " }), f.fork_point_text || "(no text)")
       : null,
     f && f.failed_reason ? h("p", { class: "error small" }, `failed: ${f.failed_reason}`) : null,
-    f ? bar(node) : null,
+    f && node.readable ? bar(node) : null,
   );
 }
 
@@ -127,9 +127,7 @@ export function renderTree(container, lineage, current, open) {
     if (!children.has(key)) children.set(key, []);
     children.get(key).push(n);
   }
-  // Siblings oldest fork first, so a new fork lands at the end and nothing jumps.
-  const made = (n) => (n.fork && n.fork.created_at) || n.created_at || "";
-  for (const list of children.values()) list.sort((a, b) => (made(a) < made(b) ? -1 : made(a) > made(b) ? 1 : 0));
+  // Siblings in the endpoint's order (oldest fork first), so a new fork lands at the end.
   const roots = lineage.nodes.filter((n) => !n.parent_cid || !byCid.has(n.parent_cid));
   const level = (nodes, depth) =>
     h(
