@@ -15,6 +15,7 @@ mod helpers;
 mod auth;
 mod authz;
 mod chat;
+mod cli;
 mod concurrency;
 mod dialects;
 mod fidelity;
