@@ -271,22 +271,23 @@ def seed(api: Api, tag: str, receiver_url: str) -> dict:
 # ---------------------------------------------------------------------------- the link
 
 
-def console_link(binary: Path, base: str, ttl: str | None = None) -> str:
-    """The link `offshoot console` prints (one line); minted here like it when the binary has
-    no `console` command."""
-    env = dict(os.environ, OFFSHOOT_URL=base, OFFSHOOT_API_KEY=API_KEY, OFFSHOOT_API_SECRET=API_SECRET)
-    has_command = subprocess.run([str(binary), "console", "--help"], env=env, capture_output=True).returncode == 0
-    if has_command:
-        args = [str(binary), "console", "--url", base] + (["--ttl", ttl] if ttl else [])
-        out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=30)
-        check(out.returncode == 0, f"offshoot console exited {out.returncode}: {out.stderr}")
-        lines = [line for line in out.stdout.splitlines() if line.strip()]
-        check(len(lines) == 1, f"offshoot console printed {len(lines)} lines: {out.stdout!r}")
-        return lines[0].strip()
-    return minted_link(base, 3600)
+def console_link(binary: Path, base: str, ttl: str = "10m") -> str:
+    """The one line `offshoot console --ttl …` prints: a server-side token that expires."""
+    env = dict(os.environ, OFFSHOOT_API_KEY=API_KEY, OFFSHOOT_API_SECRET=API_SECRET)
+    out = subprocess.run([str(binary), "console", "--url", base, "--ttl", ttl], env=env, capture_output=True, text=True, timeout=30)
+    check(out.returncode == 0, f"offshoot console exited {out.returncode}: {out.stderr}")
+    lines = out.stdout.splitlines()
+    check(len(lines) == 1 and lines[0].startswith(f"{base}/console#api_key={API_KEY}&token="), f"offshoot console printed {out.stdout!r}")
+    token = urllib.parse.parse_qs(urllib.parse.urlsplit(lines[0]).fragment)["token"][0]
+    claims = jwt.decode(token, API_SECRET, algorithms=["HS256"])
+    check("user_id" not in claims, f"the console's token acts as a user: {claims}")
+    check(0 < claims.get("exp", 0) - time.time() <= 600, f"the console's token does not expire in 10 min: {claims}")
+    return lines[0]
 
 
 def minted_link(base: str, ttl_s: int) -> str:
+    """A console link whose token expires `ttl_s` from now (in the past when negative), which
+    `offshoot console` refuses to print."""
     now = int(time.time())
     token = jwt.encode({"server": True, "iat": min(now, now + ttl_s), "exp": now + ttl_s}, API_SECRET, algorithm="HS256")
     return f"{base}/console#api_key={API_KEY}&token={token}"
@@ -382,6 +383,7 @@ def check_console(browser, base: str, link: str, api: Api, data: dict, backend: 
     check("unsafe-inline" not in csp, f"CSP allows inline code: {csp!r}")
     check(headers.get("x-content-type-options") == "nosniff", f"no nosniff: {headers}")
     page.wait_for_selector("#app:not([hidden])", timeout=UI_TIMEOUT_MS)
+    check("server-side · expires in 10 min" in page.inner_text("#session-who"), f"the session: {page.inner_text('#session-who')!r}")
     check("#" not in page.url and "token" not in page.url, f"the token stayed in the address bar: {page.url}")
     stored = page.evaluate("[localStorage.length, sessionStorage.length, document.cookie]")
     check(stored == [0, 0, ""], f"the page stored something: {stored}")
