@@ -500,7 +500,7 @@ def check_console(browser, base: str, link: str, api: Api, data: dict, backend: 
     ctx.close()
 
 
-def check_as_member(browser, base: str, data: dict):
+def check_as_member(browser, base: str, data: dict, link: str):
     """A user's token: the tree shows the fork alice is not in by its cid and status only, and
     the server-side queue is refused to her."""
     token = jwt.encode({"user_id": data["users"]["alice"], "exp": int(time.time()) + 600}, API_SECRET, algorithm="HS256")
@@ -519,6 +519,14 @@ def check_as_member(browser, base: str, data: dict):
     check(page.locator(f".node-open[data-cid='{data['f1a']}']").count() == 1, "alice cannot open her own fork")
     page.wait_for_selector("#queue-status.error:has-text('server-side')", timeout=UI_TIMEOUT_MS)
     page.screenshot(path=str(SHOTS / "member.png"))
+    # Sign out: everything shown goes; a pasted link signs in again.
+    page.click("#sign-out")
+    page.wait_for_selector("#signin:not([hidden])", timeout=UI_TIMEOUT_MS)
+    check(page.locator("#tree .node, #results li, #messages li").count() == 0, "data stayed on the page after signing out")
+    page.fill("#signin-link", link)
+    page.click("#signin-form button[type=submit]")
+    page.wait_for_selector("#session-who:has-text('server-side')", timeout=UI_TIMEOUT_MS)
+    check(page.input_value("#signin-link") == "", "the pasted link stayed in the form")
     watch.clean()
     ctx.close()
 
@@ -559,9 +567,10 @@ def run_browser_checks(base: str, api: Api, data: dict, binary: Path, backend: s
             step("without a token, with an expired one, with a forged one")
             check_no_token(browser, base)
             step("with the link of offshoot console")
-            check_console(browser, base, console_link(binary, base), api, data, backend)
-            step("with a member's token")
-            check_as_member(browser, base, data)
+            link = console_link(binary, base)
+            check_console(browser, base, link, api, data, backend)
+            step("with a member's token, then signed out and in again with a pasted link")
+            check_as_member(browser, base, data, link)
         finally:
             browser.close()
 
