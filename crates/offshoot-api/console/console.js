@@ -252,7 +252,10 @@ async function refreshQueue() {
     renderDeadLetters($("dead-letters"), letters.dead_letters || [], replay);
     ok("queue-status", "");
   } catch (e) {
-    if (failed("queue-status", e)) return;
+    $("jobs").replaceChildren();
+    $("dead-letters").replaceChildren();
+    // Refused (a user's token: the queue is server-side) is not going to change by asking again.
+    if (failed("queue-status", e) || e.status === 403) return;
   }
   if (signedIn()) state.queueTimer = setTimeout(refreshQueue, QUEUE_POLL_MS);
 }
