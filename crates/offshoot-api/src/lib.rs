@@ -1,6 +1,7 @@
 //! The HTTP API: Stream's chat REST surface in both wire dialects (legacy paths render RFC 3339
 //! and flat custom fields; `/api/v2` paths render nanoseconds and nested `custom`), auth, the
-//! error envelope, and the fork endpoints.
+//! error envelope, and the fork endpoints. It also serves the web console's static files at
+//! `/console` (`console.rs`; README, "Console"), which read only this API.
 //!
 //! Handlers parse input into domain types, check permissions (offshoot-core) and call the
 //! store. Depends on offshoot-core and offshoot-store; must not depend on offshoot-ws or
