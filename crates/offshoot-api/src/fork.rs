@@ -1,5 +1,5 @@
-//! The fork endpoints: fork a channel, look up copy ids, list a channel's forks, and the task
-//! behind a backfill.
+//! The fork endpoints: fork a channel, look up copy ids, list a channel's forks, its whole fork
+//! tree, and the task behind a backfill.
 
 use crate::channels::{channel_state, is_member, load, require_read, DEFAULT_MEMBER_LIMIT, DEFAULT_MESSAGE_LIMIT};
 use crate::ctx::{ApiPath, ApiQuery, Body, ChannelPath, Ctx};
@@ -10,7 +10,9 @@ use axum::extract::State;
 use axum::Json;
 use offshoot_core::fork::{MAX_LOOKUP, MAX_MEMBERS};
 use offshoot_core::model::{ForkStatus, Viewer};
+use offshoot_core::render::Dialect;
 use offshoot_core::{ids, perm, render, Error};
+use offshoot_store::lineage::{self, LineageNode};
 use offshoot_store::ForkRequest;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -171,6 +173,88 @@ pub async fn list_forks(
         out["source"] = render::fork(ctx.dialect, f);
     }
     Ok(ctx.ok(out))
+}
+
+/// `GET /channels/{type}/{id}/lineage?max_nodes=`.
+#[derive(Deserialize)]
+pub struct LineageQuery {
+    #[serde(default, deserialize_with = "de::opt_i64")]
+    max_nodes: Option<i64>,
+}
+
+/// `GET /channels/{type}/{id}/lineage`: the whole fork tree the channel belongs to, from its
+/// root down, breadth first, bounded by `max_nodes` (docs/fork.md, "Lineage"). The same callers
+/// as [`list_forks`]; nodes the caller may not read show their place and status only.
+pub async fn get_lineage(
+    State(st): State<ApiState>,
+    ctx: Ctx,
+    path: ChannelPath,
+    ApiQuery(q): ApiQuery<LineageQuery>,
+) -> ApiResult<Json<Value>> {
+    let cid = path.cid;
+    let max_nodes = q.max_nodes.unwrap_or(lineage::DEFAULT_MAX_NODES);
+    if !(1..=lineage::MAX_MAX_NODES).contains(&max_nodes) {
+        return Err(Error::input(format!("max_nodes must be 1..{}", lineage::MAX_MAX_NODES)).field("field", "max_nodes").into());
+    }
+    let ch = st.store.get_channel_bare(&cid).await?;
+    let allowed = match &ch {
+        Some(_) => ctx.viewer.is_admin() || is_member(&st, &ctx.viewer, &cid).await?,
+        None if !ctx.viewer.is_admin() => return Err(Error::not_found(format!("channel {cid:?} does not exist")).into()),
+        None => true,
+    };
+    if !allowed {
+        return Err(Error::not_allowed(format!("you are not allowed to read channel {cid:?}")).into());
+    }
+    let tree = st.store.lineage(&cid, max_nodes, ctx.viewer.user_id()).await?;
+    // A hard-deleted channel still has a tree while forks name it as their source.
+    if ch.is_none() && tree.nodes.len() <= 1 {
+        return Err(Error::not_found(format!("channel {cid:?} does not exist")).into());
+    }
+    let nodes: Vec<Value> = tree.nodes.iter().map(|n| lineage_node(ctx.dialect, &ctx.viewer, n)).collect();
+    Ok(ctx.ok(json!({"cid": cid, "root_cid": tree.root_cid, "truncated_tree": tree.truncated, "nodes": nodes})))
+}
+
+/// One node of a lineage: everything for a channel the caller may read, its place in the tree
+/// and its status otherwise.
+fn lineage_node(d: Dialect, viewer: &Viewer, n: &LineageNode) -> Value {
+    let readable = match n.channel {
+        Some(_) => perm::may_read(viewer, n.member),
+        // A hard-deleted channel has nothing left to read but its place.
+        None => viewer.is_admin(),
+    };
+    if !readable {
+        let fork = n.fork.as_ref().map(|f| json!({"status": f.status.as_str()}));
+        return json!({"cid": n.cid, "parent_cid": n.parent_cid, "depth": n.depth, "readable": false, "fork": fork});
+    }
+    let fork = n.fork.as_ref().map(|f| {
+        let mut o = json!({
+            "status": f.status.as_str(),
+            // Live while backfilling, as `GET /tasks/{id}` reports them.
+            "copied_message_count": f.copied_message_count,
+            "total_message_count": f.total_message_count.map(|t| t.max(f.copied_message_count)),
+            "truncated": f.truncated,
+            "source_message_id": f.source_message_id,
+            "fork_point_text": n.fork_point_text,
+            "task_id": f.task_id,
+            "created_at": d.ts(f.created_at),
+        });
+        if let Some(r) = &f.failed_reason {
+            o["failed_reason"] = r.clone().into();
+        }
+        o
+    });
+    let ch = n.channel.as_ref();
+    json!({
+        "cid": n.cid,
+        "parent_cid": n.parent_cid,
+        "depth": n.depth,
+        "readable": true,
+        "name": ch.and_then(|c| c.name()),
+        "member_count": ch.map_or(0, |c| c.member_count),
+        "created_at": d.opt_ts(ch.map(|c| c.created_at)),
+        "deleted": ch.is_none_or(|c| c.deleted_at.is_some()),
+        "fork": fork,
+    })
 }
 
 /// `GET /tasks/{id}`.

@@ -1,6 +1,7 @@
 //! The HTTP API: Stream's chat REST surface in both wire dialects (legacy paths render RFC 3339
 //! and flat custom fields; `/api/v2` paths render nanoseconds and nested `custom`), auth, the
-//! error envelope, and the fork endpoints.
+//! error envelope, and the fork endpoints. It also serves the web console's static files at
+//! `/console` (`console.rs`; README, "Console"), which read only this API.
 //!
 //! Handlers parse input into domain types, check permissions (offshoot-core) and call the
 //! store. Depends on offshoot-core and offshoot-store; must not depend on offshoot-ws or
@@ -13,6 +14,7 @@
 
 mod app;
 mod channels;
+mod console;
 mod ctx;
 mod error;
 mod fork;
@@ -55,7 +57,7 @@ pub(crate) fn duration() -> String {
 
 /// Routes of chat resources: mounted at `/` (legacy) and `/api/v2/chat` (v2).
 fn chat_routes() -> Routes<ApiState> {
-    use openapi::{ForkLineage, ForkLookupRequest, ForkLookupResponse, ForkRequest, ForkResponse};
+    use openapi::{ForkLineage, ForkLookupRequest, ForkLookupResponse, ForkRequest, ForkResponse, ForkTree};
     use utoipa::openapi::schema::Type;
     let ch = |s| Doc::new("channels", s);
     let msg = |s| Doc::new("messages", s);
@@ -105,6 +107,16 @@ fn chat_routes() -> Routes<ApiState> {
                 .ok_of::<ForkLineage>()
                 .query("limit", Type::Integer, "1..100, default 25")
                 .query("offset", Type::Integer, "default 0"),
+        )
+        .op(
+            Method::GET,
+            "/channels/{type}/{id}/lineage",
+            fork::get_lineage,
+            fork("The whole fork tree of a channel, root first").ok_of::<ForkTree>().query(
+                "max_nodes",
+                Type::Integer,
+                "1..5000, default 1000",
+            ),
         )
         .op(Method::GET, "/messages/{id}", messages::get_message, msg("Get a message"))
         .op(Method::POST, "/messages/{id}", messages::update_message, msg("Update a message").body())
@@ -228,6 +240,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(api)
         .merge(health_router(store))
+        .merge(console::router())
         .route("/openapi.json", get(move || async move { axum::Json(document.as_ref().clone()) }))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(middleware::from_fn(stamp))

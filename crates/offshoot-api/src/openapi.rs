@@ -241,6 +241,9 @@ fn document(entries: &[Entry]) -> OpenApi {
         (ForkLookupRequest::name(), ForkLookupRequest::schema()),
         (ForkLookupResponse::name(), ForkLookupResponse::schema()),
         (ForkLineage::name(), ForkLineage::schema()),
+        (ForkTree::name(), ForkTree::schema()),
+        (ForkTreeNode::name(), ForkTreeNode::schema()),
+        (ForkTreeFork::name(), ForkTreeFork::schema()),
         (TaskResponse::name(), TaskResponse::schema()),
         (TaskError::name(), TaskError::schema()),
     ] {
@@ -380,6 +383,56 @@ pub(crate) struct ForkLineage {
     forks: Vec<ForkSummary>,
     source: Option<ForkSummary>,
     duration: String,
+}
+
+/// `GET /channels/{type}/{id}/lineage`: the whole fork tree, breadth first.
+#[derive(ToSchema)]
+pub(crate) struct ForkTree {
+    /// The channel asked about.
+    cid: String,
+    /// The oldest ancestor reachable by `source` links (a hard-deleted one shows as a node with
+    /// `deleted: true`).
+    root_cid: String,
+    /// More nodes than `max_nodes` exist; the deepest, newest were left out.
+    truncated_tree: bool,
+    nodes: Vec<ForkTreeNode>,
+    duration: String,
+}
+
+/// One channel of a fork tree. A node the caller may not read carries `cid`, `parent_cid`,
+/// `depth`, `readable: false` and `fork.status` only.
+#[derive(ToSchema)]
+pub(crate) struct ForkTreeNode {
+    cid: String,
+    parent_cid: Option<String>,
+    depth: i64,
+    readable: bool,
+    name: Option<String>,
+    member_count: Option<i64>,
+    #[schema(value_type = Option<Timestamp>)]
+    created_at: Value,
+    /// Soft- or hard-deleted.
+    deleted: Option<bool>,
+    /// `null` for the root.
+    fork: Option<ForkTreeFork>,
+}
+
+/// A fork tree node's fork summary, with the live progress of a backfill.
+#[derive(ToSchema)]
+pub(crate) struct ForkTreeFork {
+    /// `backfilling`, `completed` or `failed`.
+    status: String,
+    /// Live while backfilling, as `GET /tasks/{id}` reports it.
+    copied_message_count: Option<i64>,
+    total_message_count: Option<i64>,
+    truncated: Option<bool>,
+    source_message_id: Option<String>,
+    /// The first 140 characters of the message the fork was made at.
+    fork_point_text: Option<String>,
+    task_id: Option<String>,
+    #[schema(value_type = Option<Timestamp>)]
+    created_at: Value,
+    failed_reason: Option<String>,
 }
 
 /// `GET /tasks/{id}`: the backfill of a fork.

@@ -72,6 +72,7 @@ mod deliveries;
 mod directory;
 mod events;
 mod forks;
+pub mod lineage;
 mod messages;
 mod ops;
 mod presence;

@@ -21,6 +21,8 @@ mod channels;
 mod dead_letters;
 #[path = "conformance/forks.rs"]
 mod forks;
+#[path = "conformance/lineage.rs"]
+mod lineage;
 #[path = "conformance/messages.rs"]
 mod messages;
 #[path = "conformance/outbox.rs"]

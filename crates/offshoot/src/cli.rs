@@ -1,15 +1,28 @@
-//! The command line (clap): `offshoot serve` and the operator's commands beside it:
-//! dead-lettered webhook deliveries (list, replay) and job counts. Every command reads the
-//! configuration the same way (`--config FILE`, the environment; `serve` adds its flags) and
-//! the operator's commands work while a server runs.
+//! The command line (clap): `offshoot serve`, the operator's commands beside it (dead-lettered
+//! webhook deliveries, job counts: they open the database), and the client commands (`fork`,
+//! `tree`, `task`, `lookup`, `token`, `console`: they talk to a running server over HTTP,
+//! `client.rs`). Every command reads the configuration the same way (`--config FILE`, the
+//! environment; `serve` adds its flags) and the operator's commands work while a server runs.
 
 use crate::config::{Config, Settings};
 use clap::{Args, Parser, Subcommand};
 use offshoot_store::Store;
 use std::path::PathBuf;
 
+/// The exit codes of the client commands, for `--help`.
+pub const EXIT_CODES: &str = "Exit codes of the client commands (fork, tree, task, lookup, token, console):\n  \
+    0  done\n  \
+    1  the server refused (its Stream error message and code are printed), or a fork ended failed\n  \
+    2  usage: bad arguments, or no API key and secret configured\n  \
+    3  the server cannot be reached";
+
 #[derive(Debug, Parser)]
-#[command(name = "offshoot", version, about = "A Stream Chat compatible chat backend with channel forks")]
+#[command(
+    name = "offshoot",
+    version,
+    about = "A Stream Chat compatible chat backend with channel forks",
+    after_help = EXIT_CODES
+)]
 pub struct Cli {
     /// A config file of KEY=value lines (as offshoot.env.example); the environment and the
     /// flags override it.
@@ -33,6 +46,141 @@ pub enum Command {
     },
     /// Jobs per queue and state.
     Jobs,
+    /// Fork a channel at a message; with --wait (the default on a terminal) follow the backfill
+    /// with a progress bar until the fork is complete.
+    #[command(after_help = EXIT_CODES)]
+    Fork(ForkArgs),
+    /// Draw the fork tree a channel belongs to: its root, every fork, forks of forks.
+    #[command(after_help = EXIT_CODES)]
+    Tree(TreeArgs),
+    /// A fork's backfill task: status and copied/total; --watch follows it to the end.
+    #[command(after_help = EXIT_CODES)]
+    Task(TaskArgs),
+    /// The copy ids of source messages in a fork.
+    #[command(after_help = EXIT_CODES)]
+    Lookup(LookupArgs),
+    /// Mint a token signed with the app's secret (server-side without --user), for curl and SDK
+    /// scripts.
+    #[command(after_help = EXIT_CODES)]
+    Token(TokenArgs),
+    /// Print a link to the web console carrying a short-lived server-side token in its fragment.
+    #[command(after_help = EXIT_CODES)]
+    Console(ConsoleArgs),
+    /// Print a shell completion script: `offshoot completions bash > /etc/bash_completion.d/offshoot`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Where the server is, and how to print: every client command takes these.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The server's base URL (default: http:// and the configured listen address).
+    #[arg(long, env = "OFFSHOOT_URL", value_name = "URL")]
+    pub url: Option<String>,
+    /// One JSON document on stdout, nothing else there (errors still go to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The source channel, TYPE:ID.
+    #[arg(value_name = "TYPE:ID")]
+    pub source: String,
+    /// The message to fork at (it and everything before it are copied).
+    #[arg(long, value_name = "MESSAGE_ID")]
+    pub at: String,
+    /// The new channel's id (default: the source's id and a random suffix).
+    #[arg(long, value_name = "NEW_ID")]
+    pub to: Option<String>,
+    /// A member of the fork (repeat; default: the source's members).
+    #[arg(long = "member", value_name = "USER_ID")]
+    pub members: Vec<String>,
+    /// Leave attachments out of the copies.
+    #[arg(long)]
+    pub exclude_attachments: bool,
+    /// A custom key of the source channel the fork keeps (repeat).
+    #[arg(long, value_name = "KEY")]
+    pub inherit: Vec<String>,
+    /// Follow the backfill to its end (the default on a terminal).
+    #[arg(long, conflicts_with = "no_wait")]
+    pub wait: bool,
+    /// Print the summary at once and leave the backfill running.
+    #[arg(long)]
+    pub no_wait: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+impl ForkArgs {
+    /// Whether to follow the backfill: the flags, else `terminal`.
+    pub fn wait_or(&self, terminal: bool) -> bool {
+        self.wait || (!self.no_wait && terminal)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct TreeArgs {
+    /// Any channel of the tree, TYPE:ID.
+    #[arg(value_name = "TYPE:ID")]
+    pub cid: String,
+    /// Draw at most this many channels (1..5000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=5000))]
+    pub max_nodes: i64,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    pub task_id: String,
+    /// Follow the task with a progress bar until it completes or fails.
+    #[arg(long)]
+    pub watch: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LookupArgs {
+    /// The fork, TYPE:ID.
+    #[arg(value_name = "FORK")]
+    pub fork: String,
+    /// Source message ids.
+    #[arg(value_name = "SOURCE_ID", required = true)]
+    pub source_ids: Vec<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The user the token is for; without it the token is server-side.
+    #[arg(long, value_name = "USER_ID")]
+    pub user: Option<String>,
+    /// Lifetime: 90s, 30m, 1h, 2d.
+    #[arg(long, default_value = "1h")]
+    pub ttl: String,
+    /// `{"token", "user_id", "expires_at"}` on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Lifetime of the console's token: 90s, 30m, 1h, 2d.
+    #[arg(long, default_value = "1h")]
+    pub ttl: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+/// `offshoot completions SHELL`: the script on stdout.
+pub fn completions(shell: clap_complete::Shell) {
+    use clap::CommandFactory;
+    clap_complete::generate(shell, &mut Cli::command(), "offshoot", &mut std::io::stdout());
 }
 
 /// Flags of `serve`; each overrides the config file and the environment.

@@ -1,10 +1,13 @@
-//! The Offshoot server: the command line ([`cli`]), the configuration ([`config`]), and [`run`], which starts the chosen roles (api, ws,
-//! worker) on one bound listener and stops them when the shutdown token is cancelled.
+//! The Offshoot server: the command line ([`cli`]) with its HTTP client commands ([`client`]),
+//! the configuration ([`config`]), and [`run`], which starts the chosen roles (api, ws, worker)
+//! on one bound listener and stops them when the shutdown token is cancelled.
 //!
 //! Depends on every other crate; nothing depends on it but the binary and the test suites.
 
 pub mod cli;
+pub mod client;
 pub mod config;
+mod tree;
 
 pub use config::{Config, LogFormat, MetricsListen, Roles, Settings};
 

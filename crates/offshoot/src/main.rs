@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::Parser;
 use offshoot::cli::{Cli, Command};
+use offshoot::client::ClientCommand;
 use offshoot::Config;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +29,13 @@ fn init_tracing(format: offshoot::LogFormat) {
     }
 }
 
+/// Ends the process with a client command's exit code (0, 1, 2 or 3; see `offshoot --help`).
+fn exit(code: u8) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::process::exit(i32::from(code))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -38,6 +46,16 @@ async fn main() -> anyhow::Result<()> {
             return offshoot::cli::dead_letters(&Config::load(file, Default::default())?, action, list).await
         }
         Command::Jobs => return offshoot::cli::jobs(&Config::load(file, Default::default())?).await,
+        Command::Completions { shell } => {
+            offshoot::cli::completions(shell);
+            return Ok(());
+        }
+        Command::Fork(a) => exit(offshoot::client::run(file, ClientCommand::Fork(a)).await),
+        Command::Tree(a) => exit(offshoot::client::run(file, ClientCommand::Tree(a)).await),
+        Command::Task(a) => exit(offshoot::client::run(file, ClientCommand::Task(a)).await),
+        Command::Lookup(a) => exit(offshoot::client::run(file, ClientCommand::Lookup(a)).await),
+        Command::Token(a) => exit(offshoot::client::run(file, ClientCommand::Token(a)).await),
+        Command::Console(a) => exit(offshoot::client::run(file, ClientCommand::Console(a)).await),
     };
     let config = Config::load(file, serve.settings())?;
     init_tracing(config.log_format);
