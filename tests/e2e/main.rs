@@ -24,6 +24,7 @@ mod operating;
 mod presence;
 mod process;
 mod scale_out;
+mod search;
 mod visibility;
 mod webhooks;
 mod worker;
