@@ -146,7 +146,7 @@ impl Cursor {
 
     pub fn decode(s: &str) -> Result<Cursor> {
         let bad = || Error::input("next is not a cursor this server gave").field("field", "next");
-        if s.len() % 2 != 0 || s.len() > 8_192 {
+        if !s.len().is_multiple_of(2) || s.len() > 8_192 {
             return Err(bad());
         }
         let bytes: Vec<u8> = (0..s.len())

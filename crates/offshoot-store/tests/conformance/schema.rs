@@ -90,7 +90,7 @@ async fn sqlite_schema(url: &str) -> Schema {
     let full_text: Vec<&String> = tables.iter().filter(|t| SQLITE_FULL_TEXT_TABLES.contains(&t.as_str())).collect();
     assert_eq!(full_text.len(), SQLITE_FULL_TEXT_TABLES.len(), "the message search tables exist: {tables:?}");
     let mut schema = Schema::default();
-    for table in tables.iter().filter(|t| !SQLITE_FULL_TEXT_TABLES.contains(&t.as_str())).cloned() {
+    for table in tables.into_iter().filter(|t| !SQLITE_FULL_TEXT_TABLES.contains(&t.as_str())) {
         // (cid, name, type, notnull, default, pk)
         let cols: Vec<(i64, String, String, bool, Option<String>, i64)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!("PRAGMA table_info('{table}')"))).fetch_all(&mut conn).await.expect("table_info");
