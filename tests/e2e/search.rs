@@ -343,3 +343,27 @@ async fn concurrent_sends_are_all_found_exactly_once() {
         assert_eq!(got, BTreeSet::from([format!("conc-{i:03}")]));
     }
 }
+
+#[tokio::test]
+async fn the_default_order_is_relevance_then_id() {
+    let app = TestApp::spawn().await;
+    app.users(&["amy"]).await;
+    let cid = "agent:s-rank";
+    app.channel(cid, "amy", &["amy"]).await;
+    // The weaker match has the smaller id, so an order by id alone would put it first.
+    app.send_message(cid, json!({"id": "rank-a", "text": "rank appears once in this longer message about other things", "user_id": "amy"}))
+        .await;
+    app.send_message(cid, json!({"id": "rank-b", "text": "rank rank rank", "user_id": "amy"})).await;
+    app.send_message(cid, json!({"id": "rank-c", "text": "rank appears once in this longer message about other things", "user_id": "amy"}))
+        .await;
+    let body = search(&app, &app.user("amy"), json!({"filter_conditions": {"cid": cid}, "query": "rank"})).await.ok();
+    assert_eq!(hit_ids(&body), vec!["rank-b", "rank-a", "rank-c"], "{body}");
+    let by_id = search(
+        &app,
+        &app.user("amy"),
+        json!({"filter_conditions": {"cid": cid}, "query": "rank", "sort": [{"field": "id", "direction": -1}]}),
+    )
+    .await
+    .ok();
+    assert_eq!(hit_ids(&by_id), vec!["rank-c", "rank-b", "rank-a"]);
+}

@@ -216,14 +216,18 @@ impl Store {
         }
         let backend = self.backend();
         let mut b = SqlBuilder::new(backend, Vec::new());
+        // Relevance is computed only when the sort uses it: ranking reads every match's text
+        // again on PostgreSQL, and the UI kit sorts by `created_at`.
+        let ranked = s.sort.iter().any(|x| x.field == MessageSortField::Relevance);
         // The ranking term: SQLite reads the FTS5 table first (bm25 needs its match in the
         // FROM); PostgreSQL matches and ranks the indexed expression.
         let (from, score, mut conds) = match (&s.text, backend) {
             (Some(ft), Backend::Sqlite) => {
                 let p = b.bind(Bind::S(match_text(backend, ft)));
+                let rank = if ranked { "-bm25(message_fts)" } else { "0.0" };
                 (
                     format!(
-                        "(SELECT rowid AS rid, -bm25(message_fts) AS score FROM message_fts WHERE message_fts MATCH {p}) AS h \
+                        "(SELECT rowid AS rid, {rank} AS score FROM message_fts WHERE message_fts MATCH {p}) AS h \
                          JOIN message m ON m.rowid = h.rid"
                     ),
                     "h.score".to_string(),
@@ -235,7 +239,11 @@ impl Store {
                 let q = pg_query(&p);
                 (
                     "message m".to_string(),
-                    format!("CAST(ts_rank({PG_DOCUMENT}, {q}) AS DOUBLE PRECISION)"),
+                    if ranked {
+                        format!("CAST(ts_rank({PG_DOCUMENT}, {q}) AS DOUBLE PRECISION)")
+                    } else {
+                        "CAST(0 AS DOUBLE PRECISION)".to_string()
+                    },
                     vec![format!("{PG_DOCUMENT} @@ {q}")],
                 )
             }
