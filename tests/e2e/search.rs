@@ -152,10 +152,20 @@ async fn every_message_filter_operator_selects_what_it_names() {
         json!({"filter_conditions": {"cid": cid}, "query": "alpha", "sort": [{"field": "text"}]}),
         json!({"filter_conditions": {"cid": cid}, "query": "alpha", "next": "not a cursor"}),
         json!({"filter_conditions": {"cid": cid}, "query": "x".repeat(1001)}),
+        json!({"filter_conditions": {"cid": cid}, "message_filter_conditions": {"text": {"$in": [5]}}}),
+        json!({"filter_conditions": {"cid": cid}, "message_filter_conditions": {"attachments.type": {"$gt": "a"}}}),
     ] {
         search(&app, &amy, bad).await.err(400, 4);
     }
     app.send(app.request(reqwest::Method::GET, "/search", &amy).query(&[("payload", "{not json")])).await.err(400, 4);
+    app.send(app.request(reqwest::Method::GET, "/search", &amy).query(&[("payload", "[1, 2]")])).await.err(400, 4);
+    // Words no index can hold, and queries without a word, find nothing rather than fail.
+    for query in ["中".repeat(900), "?!".to_string(), format!("alpha {}", "é".repeat(600))] {
+        let body = search(&app, &amy, json!({"filter_conditions": {"cid": cid}, "query": query})).await.ok();
+        assert!(hit_ids(&body).len() <= 4, "{body}");
+    }
+    let prefix = json!({"filter_conditions": {"cid": cid}, "message_filter_conditions": {"text": {"$autocomplete": "中".repeat(900)}}});
+    assert_eq!(hit_ids(&search(&app, &amy, prefix).await.ok()), Vec::<String>::new());
     app.get("/search", &amy).await.err(400, 4);
 }
 

@@ -99,10 +99,19 @@ impl FullText {
     }
 }
 
-/// The words of `text`: its runs of letters and digits, lower-cased, at most [`MAX_WORDS`].
-/// SQLite's `unicode61` tokenizer splits text the same way.
+/// Longest word matched, in bytes: PostgreSQL refuses longer words in a `tsquery` (from 2,048
+/// bytes) and leaves them out of the indexed documents, so they could never match there.
+pub const MAX_WORD_BYTES: usize = 255;
+
+/// The words of `text`: its runs of letters and digits, lower-cased, at most [`MAX_WORDS`];
+/// longer words than [`MAX_WORD_BYTES`] are left out. SQLite's `unicode61` tokenizer splits
+/// text the same way.
 pub fn words(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).take(MAX_WORDS).map(str::to_lowercase).collect()
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty() && w.len() <= MAX_WORD_BYTES)
+        .take(MAX_WORDS)
+        .map(str::to_lowercase)
+        .collect()
 }
 
 /// What the hits are sorted on.
@@ -449,5 +458,6 @@ mod tests {
     fn words_are_runs_of_letters_and_digits() {
         assert_eq!(words("Hello, wörld! it's 2024-01"), vec!["hello", "wörld", "it", "s", "2024", "01"]);
         assert!(words(" !? ").is_empty());
+        assert_eq!(words(&format!("short {}", "é".repeat(200))), vec!["short"], "a word PostgreSQL cannot match is left out");
     }
 }
