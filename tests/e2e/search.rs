@@ -310,9 +310,10 @@ async fn dedupe_copies_folds_a_source_and_its_forks_into_one_hit_each_from_the_c
 }
 
 /// Index upkeep under concurrent sends (the store's writers run concurrently on PostgreSQL):
-/// every message sent is found by its own word and by the shared one, exactly once.
+/// every message sent is found by its own word and by the shared one, exactly once, and after
+/// concurrent edits and hard deletes only the current texts match.
 #[tokio::test]
-async fn concurrent_sends_are_all_found_exactly_once() {
+async fn concurrent_sends_edits_and_deletes_keep_the_index_exact() {
     let app = TestApp::spawn().await;
     app.users(&["amy"]).await;
     let channels: Vec<String> = (0..4).map(|i| format!("agent:s-conc-{i}")).collect();
@@ -352,6 +353,36 @@ async fn concurrent_sends_are_all_found_exactly_once() {
         let got = found(&app, &amy, json!({"filter_conditions": filter, "query": format!("unique{i}")})).await;
         assert_eq!(got, BTreeSet::from([format!("conc-{i:03}")]));
     }
+    // Edits (every even message) and hard deletes (every third odd one), all at once.
+    let changes = (0..n).filter(|i| i % 2 == 0 || i % 6 == 1).map(|i| {
+        let app = &app;
+        async move {
+            if i % 2 == 0 {
+                app.put(&format!("/messages/conc-{i:03}"), &app.server(), json!({"set": {"text": format!("changed unique{i}")}}))
+                    .await
+                    .ok();
+            } else {
+                app.delete(&format!("/messages/conc-{i:03}?hard=true"), &app.server()).await.ok();
+            }
+        }
+    });
+    futures_util::stream::iter(changes).buffer_unordered(16).collect::<Vec<_>>().await;
+    let all = |query: &'static str| {
+        let (app, amy, filter) = (&app, amy.clone(), filter.clone());
+        async move {
+            let mut seen = BTreeSet::new();
+            for offset in (0..n).step_by(100) {
+                let body =
+                    search(app, &amy, json!({"filter_conditions": filter, "query": query, "limit": 100, "offset": offset})).await.ok();
+                seen.extend(hit_ids(&body));
+            }
+            seen
+        }
+    };
+    let changed: BTreeSet<String> = (0..n).filter(|i| i % 2 == 0).map(|i| format!("conc-{i:03}")).collect();
+    let unchanged: BTreeSet<String> = (0..n).filter(|i| i % 2 == 1 && i % 6 != 1).map(|i| format!("conc-{i:03}")).collect();
+    assert_eq!(all("changed").await, changed, "every edit re-indexed its text");
+    assert_eq!(all("shared").await, unchanged, "edited and deleted messages no longer match their old text");
 }
 
 #[tokio::test]
