@@ -29,6 +29,7 @@ mod operating;
 mod presence;
 mod process;
 mod scale_out;
+mod search;
 mod visibility;
 mod webhooks;
 mod worker;

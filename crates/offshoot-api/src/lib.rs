@@ -23,6 +23,7 @@ mod jobs;
 mod messages;
 mod openapi;
 pub mod ops;
+mod search;
 mod state;
 
 pub use error::ApiError;
@@ -139,6 +140,16 @@ fn chat_routes() -> Routes<ApiState> {
         .op(Method::GET, "/messages/{id}/reactions", messages::get_reactions, msg("Reactions of a message"))
         .op(Method::POST, "/threads", messages::query_threads, msg("Query threads").body())
         .op(Method::GET, "/threads/{id}", messages::get_thread, msg("Get a thread"))
+        .op(
+            Method::GET,
+            "/search",
+            search::search_messages,
+            msg("Search messages across channels (full text, message filters, dedupe_copies)").query(
+                "payload",
+                Type::String,
+                "JSON: filter_conditions (required), query or message_filter_conditions, sort, limit, offset or next, dedupe_copies",
+            ),
+        )
         .op(Method::GET, "/channeltypes", app::list_channel_types, Doc::new("app", "List channel types"))
         .op(Method::GET, "/channeltypes/{name}", app::get_channel_type, Doc::new("app", "Get a channel type"))
         .op(Method::PUT, "/channeltypes/{name}", app::put_channel_type, Doc::new("app", "Create or update a channel type").body())

@@ -17,6 +17,7 @@ pub mod model;
 pub mod perm;
 pub mod query;
 pub mod render;
+pub mod search;
 pub mod time;
 pub mod token;
 pub mod wire;

@@ -105,7 +105,7 @@ impl SqlBuilder {
     }
 
     /// The generic comparison of `expr` (a column or custom field expression) with `op`.
-    fn compare(&mut self, expr: &str, op: &Op, nullable: bool) -> String {
+    pub(crate) fn compare(&mut self, expr: &str, op: &Op, nullable: bool) -> String {
         let list = |b: &mut SqlBuilder, items: &[Scalar]| -> String {
             if items.is_empty() {
                 return String::new();
@@ -141,7 +141,11 @@ impl SqlBuilder {
         }
     }
 
-    fn tree<F>(&mut self, f: &Filter<F>, leaf: &mut dyn FnMut(&mut SqlBuilder, &F, &Op) -> Result<String, Error>) -> Result<String, Error> {
+    pub(crate) fn tree<F>(
+        &mut self,
+        f: &Filter<F>,
+        leaf: &mut dyn FnMut(&mut SqlBuilder, &F, &Op) -> Result<String, Error>,
+    ) -> Result<String, Error> {
         let join = |b: &mut SqlBuilder,
                     parts: &[Filter<F>],
                     sep: &str,
@@ -263,7 +267,7 @@ fn members_condition(b: &mut SqlBuilder, op: &Op) -> Result<String, Error> {
     })
 }
 
-fn custom_leaf(b: &mut SqlBuilder, col: &str, key: &str, op: &Op) -> String {
+pub(crate) fn custom_leaf(b: &mut SqlBuilder, col: &str, key: &str, op: &Op) -> String {
     match op {
         Op::Exists(e) => {
             let c = b.custom_exists(col, key);
