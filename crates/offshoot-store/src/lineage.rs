@@ -132,8 +132,14 @@ impl Store {
     /// that is a 404.
     pub async fn lineage(&self, cid: &str, max_nodes: i64, user_id: Option<&str>) -> Result<Lineage> {
         let max_nodes = max_nodes.clamp(1, MAX_MAX_NODES);
-        // `tree` stops one level past the most the answer can hold (a chain of max_nodes + 1
-        // nodes, enough to tell a cut), and the answer takes one row more than it returns.
+        // The answer is the first max_nodes + 1 nodes breadth first (one more than it returns,
+        // to tell a cut). `probe` walks down breadth first too and is read lazily: both engines
+        // produce a recursive query's rows level by level and stop once `reach` has taken
+        // max_nodes + 1 of them, so `reach` is the deepest level the answer can need. `tree` then
+        // takes every level down to that one (whole levels, to order each by creation time), so
+        // a tree of 200,000 channels costs what its first few levels cost. `cut` orders and cuts
+        // before the joins, which then run for the returned nodes only. The depth bounds end a
+        // walk through looping source links (see MAX_ANCESTORS).
         let sql = format!(
             "WITH RECURSIVE up(cid, n) AS (\
                 SELECT CAST($1 AS TEXT), CAST(0 AS BIGINT) \
@@ -141,11 +147,19 @@ impl Store {
                 SELECT uf.source_cid, up.n + 1 FROM up JOIN fork uf ON uf.cid = up.cid WHERE up.n < $2\
              ), \
              root(cid) AS (SELECT cid FROM up ORDER BY n DESC LIMIT 1), \
-             tree(cid, parent_cid, depth) AS (\
-                SELECT cid, CAST(NULL AS TEXT), CAST(0 AS BIGINT) FROM root \
+             probe(cid, depth) AS (\
+                SELECT cid, CAST(0 AS BIGINT) FROM root \
                 UNION ALL \
-                SELECT tf.cid, tf.source_cid, tree.depth + 1 FROM tree JOIN fork tf ON tf.source_cid = tree.cid WHERE tree.depth < $3\
-             ) \
+                SELECT pf.cid, probe.depth + 1 FROM probe JOIN fork pf ON pf.source_cid = probe.cid WHERE probe.depth < $3\
+             ), \
+             reach(d) AS (SELECT MAX(p.depth) FROM (SELECT depth FROM probe LIMIT $5) p), \
+             tree(cid, parent_cid, depth, created_at) AS (\
+                SELECT cid, CAST(NULL AS TEXT), CAST(0 AS BIGINT), CAST(0 AS BIGINT) FROM root \
+                UNION ALL \
+                SELECT tf.cid, tf.source_cid, tree.depth + 1, tf.created_at FROM tree JOIN fork tf ON tf.source_cid = tree.cid \
+                WHERE tree.depth < (SELECT d FROM reach)\
+             ), \
+             cut AS (SELECT cid, parent_cid, depth, created_at FROM tree ORDER BY depth, created_at, cid LIMIT $5) \
              SELECT t.cid, t.parent_cid, t.depth, c.cid IS NOT NULL AS present, c.custom, \
                 (SELECT COUNT(*) FROM member mm WHERE mm.cid = t.cid) AS member_count, c.created_at, c.deleted_at, \
                 o.source_cid AS f_source_cid, o.source_message_id AS f_source_message_id, o.status AS f_status, \
@@ -155,9 +169,8 @@ impl Store {
                 (SELECT substr(m.text, 1, {FORK_POINT_CHARS}) FROM message m WHERE m.id = o.source_message_id AND m.cid = o.source_cid \
                     AND m.deleted_at IS NULL AND m.type <> 'deleted' AND m.shadowed = FALSE AND m.restricted_visibility = '[]') AS fork_point_text, \
                 EXISTS (SELECT 1 FROM member mu WHERE mu.cid = t.cid AND mu.user_id = $4) AS member \
-             FROM tree t LEFT JOIN channel c ON c.cid = t.cid LEFT JOIN fork o ON o.cid = t.cid \
-             ORDER BY t.depth, COALESCE(o.created_at, c.created_at), t.cid \
-             LIMIT $5"
+             FROM cut t LEFT JOIN channel c ON c.cid = t.cid LEFT JOIN fork o ON o.cid = t.cid \
+             ORDER BY t.depth, t.created_at, t.cid"
         );
         let rows: Vec<NodeRow> = sqlx::query_as(AssertSqlSafe(sql))
             .bind(cid.to_string())
