@@ -1,9 +1,9 @@
 //! A channel's whole fork tree in one statement: up the `source` links to the root, then every
 //! fork below it to any depth, breadth first (docs/fork.md, "Lineage").
 
-use crate::rows::{fork_json, Flag, Json, Nested};
-use crate::{Result, Store};
-use offshoot_core::model::{Custom, ForkSummary};
+use crate::rows::{Flag, Json};
+use crate::{Result, Store, StoreError};
+use offshoot_core::model::{Custom, ForkStatus, ForkSummary};
 use sqlx::AssertSqlSafe;
 use std::collections::HashSet;
 
@@ -75,9 +75,51 @@ struct NodeRow {
     member_count: i64,
     created_at: Option<i64>,
     deleted_at: Option<i64>,
-    fork: Option<Nested<ForkSummary>>,
+    #[sqlx(flatten)]
+    fork: ForkCols,
     fork_point_text: Option<String>,
     member: Flag,
+}
+
+/// The fork record's columns, all NULL for a node that is no fork (the root).
+#[derive(sqlx::FromRow)]
+struct ForkCols {
+    f_source_cid: Option<String>,
+    f_source_message_id: Option<String>,
+    f_status: Option<String>,
+    f_copied_message_count: Option<i64>,
+    f_total_message_count: Option<i64>,
+    f_truncated: Option<Flag>,
+    f_oldest_source_message_id: Option<String>,
+    f_failed_reason: Option<String>,
+    f_task_id: Option<String>,
+    f_created_by_id: Option<String>,
+    f_created_at: Option<i64>,
+    f_updated_at: Option<i64>,
+}
+
+impl ForkCols {
+    fn summary(self, cid: &str) -> Result<Option<ForkSummary>> {
+        let Some(status) = self.f_status else { return Ok(None) };
+        let Some(status) = ForkStatus::parse(&status) else {
+            return Err(StoreError::Db(sqlx::Error::Decode(format!("unknown fork status {status:?}").into())));
+        };
+        Ok(Some(ForkSummary {
+            channel_cid: cid.to_string(),
+            source_channel_cid: self.f_source_cid.unwrap_or_default(),
+            source_message_id: self.f_source_message_id.unwrap_or_default(),
+            status,
+            copied_message_count: self.f_copied_message_count.unwrap_or_default(),
+            total_message_count: self.f_total_message_count,
+            truncated: self.f_truncated.is_some_and(|t| t.0),
+            oldest_source_message_id: self.f_oldest_source_message_id,
+            failed_reason: self.f_failed_reason,
+            task_id: self.f_task_id,
+            created_by_id: self.f_created_by_id,
+            created_at: self.f_created_at.unwrap_or_default(),
+            updated_at: self.f_updated_at.unwrap_or_default(),
+        }))
+    }
 }
 
 impl Store {
@@ -90,8 +132,14 @@ impl Store {
     /// that is a 404.
     pub async fn lineage(&self, cid: &str, max_nodes: i64, user_id: Option<&str>) -> Result<Lineage> {
         let max_nodes = max_nodes.clamp(1, MAX_MAX_NODES);
-        // `tree` stops one level past the most the answer can hold (a chain of max_nodes + 1
-        // nodes, enough to tell a cut), and the answer takes one row more than it returns.
+        // The answer is the first max_nodes + 1 nodes breadth first (one more than it returns,
+        // to tell a cut). `probe` walks down breadth first too and is read lazily: both engines
+        // produce a recursive query's rows level by level and stop once `reach` has taken
+        // max_nodes + 1 of them, so `reach` is the deepest level the answer can need. `tree` then
+        // takes every level down to that one (whole levels, to order each by creation time), so
+        // a tree of 200,000 channels costs what its first few levels cost. `cut` orders and cuts
+        // before the joins, which then run for the returned nodes only. The depth bounds end a
+        // walk through looping source links (see MAX_ANCESTORS).
         let sql = format!(
             "WITH RECURSIVE up(cid, n) AS (\
                 SELECT CAST($1 AS TEXT), CAST(0 AS BIGINT) \
@@ -99,21 +147,30 @@ impl Store {
                 SELECT uf.source_cid, up.n + 1 FROM up JOIN fork uf ON uf.cid = up.cid WHERE up.n < $2\
              ), \
              root(cid) AS (SELECT cid FROM up ORDER BY n DESC LIMIT 1), \
-             tree(cid, parent_cid, depth) AS (\
-                SELECT cid, CAST(NULL AS TEXT), CAST(0 AS BIGINT) FROM root \
+             probe(cid, depth) AS (\
+                SELECT cid, CAST(0 AS BIGINT) FROM root \
                 UNION ALL \
-                SELECT tf.cid, tf.source_cid, tree.depth + 1 FROM tree JOIN fork tf ON tf.source_cid = tree.cid WHERE tree.depth < $3\
-             ) \
+                SELECT pf.cid, probe.depth + 1 FROM probe JOIN fork pf ON pf.source_cid = probe.cid WHERE probe.depth < $3\
+             ), \
+             reach(d) AS (SELECT MAX(p.depth) FROM (SELECT depth FROM probe LIMIT $5) p), \
+             tree(cid, parent_cid, depth, created_at) AS (\
+                SELECT cid, CAST(NULL AS TEXT), CAST(0 AS BIGINT), CAST(0 AS BIGINT) FROM root \
+                UNION ALL \
+                SELECT tf.cid, tf.source_cid, tree.depth + 1, tf.created_at FROM tree JOIN fork tf ON tf.source_cid = tree.cid \
+                WHERE tree.depth < (SELECT d FROM reach)\
+             ), \
+             cut AS (SELECT cid, parent_cid, depth, created_at FROM tree ORDER BY depth, created_at, cid LIMIT $5) \
              SELECT t.cid, t.parent_cid, t.depth, c.cid IS NOT NULL AS present, c.custom, \
                 (SELECT COUNT(*) FROM member mm WHERE mm.cid = t.cid) AS member_count, c.created_at, c.deleted_at, \
-                {fork} AS fork, \
+                o.source_cid AS f_source_cid, o.source_message_id AS f_source_message_id, o.status AS f_status, \
+                o.copied_message_count AS f_copied_message_count, o.total_message_count AS f_total_message_count, o.truncated AS f_truncated, \
+                o.oldest_source_message_id AS f_oldest_source_message_id, o.failed_reason AS f_failed_reason, o.task_id AS f_task_id, \
+                o.created_by_id AS f_created_by_id, o.created_at AS f_created_at, o.updated_at AS f_updated_at, \
                 (SELECT substr(m.text, 1, {FORK_POINT_CHARS}) FROM message m WHERE m.id = o.source_message_id AND m.cid = o.source_cid \
                     AND m.deleted_at IS NULL AND m.type <> 'deleted' AND m.shadowed = FALSE AND m.restricted_visibility = '[]') AS fork_point_text, \
                 EXISTS (SELECT 1 FROM member mu WHERE mu.cid = t.cid AND mu.user_id = $4) AS member \
-             FROM tree t LEFT JOIN channel c ON c.cid = t.cid LEFT JOIN fork o ON o.cid = t.cid \
-             ORDER BY t.depth, COALESCE(o.created_at, c.created_at), t.cid \
-             LIMIT $5",
-            fork = fork_json(self.backend(), "t.cid"),
+             FROM cut t LEFT JOIN channel c ON c.cid = t.cid LEFT JOIN fork o ON o.cid = t.cid \
+             ORDER BY t.depth, t.created_at, t.cid"
         );
         let rows: Vec<NodeRow> = sqlx::query_as(AssertSqlSafe(sql))
             .bind(cid.to_string())
@@ -131,21 +188,23 @@ impl Store {
             .into_iter()
             .take(max_nodes as usize)
             .filter(|r| seen.insert(r.cid.clone()))
-            .map(|r| LineageNode {
-                channel: r.present.0.then(|| LineageChannel {
-                    custom: r.custom.map(|c| c.0).unwrap_or_default(),
-                    member_count: r.member_count,
-                    created_at: r.created_at.unwrap_or_default(),
-                    deleted_at: r.deleted_at,
-                }),
-                cid: r.cid,
-                parent_cid: r.parent_cid,
-                depth: r.depth,
-                fork: r.fork.map(|f| f.0),
-                fork_point_text: r.fork_point_text,
-                member: r.member.0,
+            .map(|r| {
+                Ok(LineageNode {
+                    channel: r.present.0.then(|| LineageChannel {
+                        custom: r.custom.map(|c| c.0).unwrap_or_default(),
+                        member_count: r.member_count,
+                        created_at: r.created_at.unwrap_or_default(),
+                        deleted_at: r.deleted_at,
+                    }),
+                    fork: r.fork.summary(&r.cid)?,
+                    cid: r.cid,
+                    parent_cid: r.parent_cid,
+                    depth: r.depth,
+                    fork_point_text: r.fork_point_text,
+                    member: r.member.0,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(Lineage { root_cid, nodes, truncated })
     }
 }

@@ -259,6 +259,7 @@ fn progress_bar(json: bool) -> ProgressBar {
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
+    bar.set_message("pending");
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
 }

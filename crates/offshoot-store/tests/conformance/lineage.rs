@@ -166,3 +166,31 @@ async fn a_fork_point_text_is_cut_at_140_characters_not_bytes() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_cut_inside_a_level_keeps_that_level_s_oldest_forks_whatever_their_parents() {
+    with_store(|ctx| async move {
+        let s = &ctx.store;
+        agent_channel(s, "w", &["amy"]).await;
+        fork_at(s, "agent:w", "wa", None, "a").await;
+        fork_at(s, "agent:w", "wb", None, "b").await;
+        // b's fork is older than a's, though a comes first in its level.
+        fork_at(s, "agent:wb", "wb1", None, "b1").await;
+        fork_at(s, "agent:wa", "wa1", None, "a1").await;
+        let cut = s.lineage("agent:wa1", 4, None).await.expect("lineage");
+        assert!(cut.truncated);
+        assert_eq!(
+            shape(&cut),
+            vec![
+                node("agent:w", None, 0),
+                node("agent:wa", Some("agent:w"), 1),
+                node("agent:wb", Some("agent:w"), 1),
+                node("agent:wb1", Some("agent:wb"), 2)
+            ]
+        );
+        let all = s.lineage("agent:wa1", 5, None).await.expect("lineage");
+        assert!(!all.truncated);
+        assert_eq!(all.nodes.last().map(|n| n.cid.as_str()), Some("agent:wa1"));
+    })
+    .await;
+}
