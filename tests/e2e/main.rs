@@ -23,6 +23,7 @@ mod hardening;
 mod operating;
 mod presence;
 mod process;
+mod rate_limits;
 mod scale_out;
 mod visibility;
 mod webhooks;

@@ -76,6 +76,7 @@ mod messages;
 mod ops;
 mod presence;
 mod query;
+mod ratelimits;
 mod rows;
 mod sends;
 mod state;
