@@ -346,7 +346,19 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, mut user: Us
         tracing::warn!(error = %e, "removing the websocket connection's record failed; the heartbeat removes it later");
     }
     match close_with {
-        Some((code, reason)) => close(&mut sink, code, reason).await,
+        Some((code, reason)) => {
+            close(&mut sink, code, reason).await;
+            // Read (bounded) until the client's close reply: a socket closed with unread bytes
+            // (a flooding client's frames) is reset, and the reset can overtake the close frame.
+            let _ = timeout(Duration::from_secs(1), async {
+                while let Some(Ok(frame)) = source.next().await {
+                    if matches!(frame, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
         None => {
             let _ = timeout(Duration::from_secs(1), sink.close()).await;
         }
