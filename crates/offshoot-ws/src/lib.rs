@@ -361,6 +361,11 @@ impl Hub {
         }
     }
 
+    #[cfg(test)]
+    fn register(&self, id: String, conn: Conn) {
+        self.write().insert(id, conn);
+    }
+
     /// Removes a connection and all its watches, and tells its task to end.
     fn disconnect(&self, id: &str) {
         if let Some(conn) = self.write().remove(id) {

@@ -26,7 +26,7 @@ async fn concurrent_additions_to_one_window_sum_exactly_and_each_reads_back_its_
         assert_eq!(last[0].2, expected, "no addition lost");
         for (i, seen) in totals.iter().enumerate() {
             assert!(seen.windows(2).all(|w| w[0] < w[1]), "contender {i} saw its totals grow: {seen:?}");
-            assert!(seen.iter().all(|t| *t >= 1 + i as i64 && *t <= expected), "{seen:?}");
+            assert!(seen.iter().all(|t| *t > i as i64 && *t <= expected), "{seen:?}");
         }
         let zero = ctx.store.add_rate_counts(&[("GetApp:web".to_string(), 1_200, 0)]).await.expect("read");
         assert_eq!(zero[0].2, 0, "adding nothing reads the total without changing it");
