@@ -240,14 +240,17 @@ impl Platform {
     }
 
     /// A client's platform from `X-Stream-Client` (the SDKs send e.g.
-    /// `stream-chat-android-…`, `stream-chat-swift-…`, `stream-chat-js-…`), else the user agent.
+    /// `stream-chat-android-…`, `stream-chat-swift-…`, `stream-chat-react-native-ios-…`,
+    /// `stream-chat-js-…`), else the user agent; matched by whole words, so that `axios/1.7`
+    /// is not iOS.
     pub fn of_client(headers: &HeaderMap) -> Platform {
         let text = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
         for s in [text("x-stream-client"), text("user-agent")] {
-            if s.contains("android") {
+            let words: Vec<&str> = s.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+            if words.contains(&"android") {
                 return Platform::Android;
             }
-            if s.contains("ios") || s.contains("swift") || s.contains("iphone") || s.contains("ipad") {
+            if words.iter().any(|w| matches!(*w, "ios" | "swift" | "iphone" | "ipad")) {
                 return Platform::Ios;
             }
         }
@@ -686,6 +689,8 @@ mod tests {
         assert_eq!(Platform::of_client(&h("x-stream-client", "stream-chat-swift-client-v4")), Platform::Ios);
         assert_eq!(Platform::of_client(&h("x-stream-client", "stream-chat-javascript-client-node-9.0")), Platform::Web);
         assert_eq!(Platform::of_client(&h("user-agent", "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0)")), Platform::Ios);
+        assert_eq!(Platform::of_client(&h("x-stream-client", "stream-chat-react-native-ios-v6")), Platform::Ios);
+        assert_eq!(Platform::of_client(&h("user-agent", "axios/1.7.9")), Platform::Web, "axios is not iOS");
         assert_eq!(Platform::of_client(&HeaderMap::new()), Platform::Web);
     }
 }
