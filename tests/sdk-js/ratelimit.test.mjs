@@ -6,6 +6,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
 import net from 'node:net';
+import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
@@ -29,10 +30,8 @@ function freePort() {
 /** `offshoot serve` (api, ws) with `limits`; on SQLite a database file of its own (one process per file). */
 async function startLimitedServer(limits) {
   const port = await freePort();
-  const database =
-    BACKEND === 'postgres'
-      ? process.env.OFFSHOOT_SDK_DATABASE_URL
-      : `sqlite://${path.join(os.tmpdir(), `offshoot-sdk-rl-${randomUUID()}.db`)}?mode=rwc`;
+  const file = path.join(os.tmpdir(), `offshoot-sdk-rl-${randomUUID()}.db`);
+  const database = BACKEND === 'postgres' ? process.env.OFFSHOOT_SDK_DATABASE_URL : `sqlite://${file}?mode=rwc`;
   const child = spawn(process.env.OFFSHOOT_SDK_BIN, ['serve'], {
     env: {
       ...process.env,
@@ -55,7 +54,12 @@ async function startLimitedServer(limits) {
     if (Date.now() > deadline) throw new Error('the limited server was not healthy within 60 s');
     await new Promise((r) => setTimeout(r, 100));
   }
-  after(() => child.kill('SIGTERM'));
+  after(async () => {
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGTERM');
+    await exited;
+    for (const suffix of ['', '-wal', '-shm']) fs.rmSync(`${file}${suffix}`, { force: true });
+  });
   return base;
 }
 

@@ -32,8 +32,10 @@ def limited(server):
     database_url = os.environ.get("OFFSHOOT_SDK_DATABASE_URL")
     if not binary or not database_url:
         pytest.fail("OFFSHOOT_SDK_BIN / OFFSHOOT_SDK_DATABASE_URL are not set: run through tests/sdk/run.py")
+    own_file = None
     if database_url.startswith("sqlite"):
-        database_url = f"sqlite://{tempfile.gettempdir()}/offshoot-sdk-rl-{uuid.uuid4().hex}.db?mode=rwc"
+        own_file = f"{tempfile.gettempdir()}/offshoot-sdk-rl-{uuid.uuid4().hex}.db"
+        database_url = f"sqlite://{own_file}?mode=rwc"
     port = _free_port()
     env = dict(
         os.environ,
@@ -62,6 +64,9 @@ def limited(server):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        for suffix in ("", "-wal", "-shm") if own_file else ():
+            if os.path.exists(own_file + suffix):
+                os.remove(own_file + suffix)
 
 
 def test_a_user_over_its_limit_gets_the_rate_limit_exception_with_its_headers(limited, uid):
