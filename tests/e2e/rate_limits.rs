@@ -292,3 +292,31 @@ async fn two_api_processes_on_postgres_share_one_limit() {
     let total = api1.state("messaging:shared", 100).await["messages"].as_array().unwrap().len();
     assert_eq!(total, 30, "30 per minute across both processes");
 }
+
+#[tokio::test]
+async fn events_sent_over_rest_for_a_connection_count_against_that_connections_cap() {
+    let app = TestApp::spawn_with(|c| {
+        c.ws_client_events_per_minute = 5;
+        c.rate_limits = limits("*=1000000,user=1000000");
+    })
+    .await;
+    app.users(&["typist", "other"]).await;
+    app.channel("messaging:typing", "typist", &["typist", "other"]).await;
+    let (_ws, conn) = connect_user(&app, "typist").await;
+    let (_ws2, other_conn) = connect_user(&app, "other").await;
+    let event = |conn: &str, user: &str| {
+        let app = &app;
+        let (path, token) = (format!("{}/event?connection_id={conn}", channel_path("messaging:typing")), app.user(user));
+        async move { call(app, reqwest::Method::POST, &path, &token, Some(json!({"event": {"type": "typing.start"}}))).await }
+    };
+    for i in 0..5 {
+        let r = event(&conn, "typist").await;
+        assert_eq!(r.status, 200, "event {i}: {}", r.body);
+    }
+    let r = event(&conn, "typist").await;
+    assert_eq!(r.status, 429, "the sixth event of the connection within the minute: {}", r.body);
+    Resp { status: r.status, body: r.body }.err(429, 9);
+    // Another connection's events are not affected.
+    let r = event(&other_conn, "other").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}

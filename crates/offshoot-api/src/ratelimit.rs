@@ -336,6 +336,9 @@ pub struct RateLimiter {
     clock: DefaultClock,
     started: Instant,
     shared: Option<Arc<crate::ratelimit_shared::Windows>>,
+    /// `SendEvent` per WebSocket connection (`?connection_id=`), the REST side of the
+    /// connection's client event cap.
+    connection_events: Option<(u32, Keyed<String>)>,
 }
 
 impl std::fmt::Debug for RateLimiter {
@@ -364,7 +367,24 @@ impl RateLimiter {
             clock: DefaultClock::default(),
             started: Instant::now(),
             shared: None,
+            connection_events: None,
         }
+    }
+
+    /// Also limits `SendEvent` requests naming a WebSocket connection (`?connection_id=`) to
+    /// `per_minute` per connection, as its socket is limited.
+    pub fn with_connection_events(mut self, per_minute: u32) -> RateLimiter {
+        self.connection_events =
+            Some((per_minute, governor::RateLimiter::keyed(quota(per_minute)).with_middleware::<StateInformationMiddleware>()));
+        self
+    }
+
+    /// Counts one `SendEvent` of `connection`: `Some(verdict)` when it is refused.
+    fn check_connection_event(&self, connection: &str) -> Option<Verdict> {
+        let (limit, limiter) = self.connection_events.as_ref()?;
+        let not_until = limiter.check_key(&connection.to_string()).err()?;
+        let wait = not_until.wait_time_from(self.clock.now());
+        Some(Verdict { allowed: false, limit: *limit, remaining: 0, reset: unix_secs() + wait.as_secs() as i64 + 1, retry_after: wait })
     }
 
     /// No limits.
@@ -377,6 +397,7 @@ impl RateLimiter {
             clock: DefaultClock::default(),
             started: Instant::now(),
             shared: None,
+            connection_events: None,
         }
     }
 
@@ -509,6 +530,10 @@ impl RateLimiter {
     pub fn forget_idle(&self) {
         self.user.retain_recent();
         self.user.shrink_to_fit();
+        if let Some((_, l)) = &self.connection_events {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
     }
 
     fn secret(&self) -> &str {
@@ -554,6 +579,15 @@ pub async fn limit(State(limiter): State<Arc<RateLimiter>>, req: Request, next: 
     };
     let caller = Caller::of(req.headers(), req.uri().query(), limiter.secret());
     let platform = if caller == Caller::Server { Platform::ServerSide } else { Platform::of_client(req.headers()) };
+    // A WebSocket connection's events over REST count against its own cap first.
+    let connection = (endpoint == "SendEvent")
+        .then(|| req.uri().query())
+        .flatten()
+        .and_then(|q| form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "connection_id").map(|(_, v)| v.into_owned()));
+    if let Some(refused) = connection.and_then(|c| limiter.check_connection_event(&c)) {
+        metrics::counter!("offshoot_rate_limited_total", "endpoint" => endpoint, "platform" => platform.name()).increment(1);
+        return too_many(endpoint, &refused);
+    }
     let Some(verdict) = limiter.check(endpoint, platform, &caller) else {
         return next.run(req).await;
     };

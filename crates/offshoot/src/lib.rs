@@ -149,7 +149,8 @@ fn rate_limiter(
     if !config.rate_limits.enabled {
         return Arc::new(RateLimiter::off());
     }
-    let mut limiter = RateLimiter::new(config.rate_limits.clone(), secret.clone());
+    let mut limiter =
+        RateLimiter::new(config.rate_limits.clone(), secret.clone()).with_connection_events(config.ws_client_events_per_minute);
     if store.backend() == offshoot_store::Backend::Postgres {
         let windows = Arc::new(offshoot_api::ratelimit_shared::Windows::new());
         limiter = limiter.share(windows.clone());
