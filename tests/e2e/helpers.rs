@@ -22,6 +22,14 @@ use tokio_util::sync::CancellationToken;
 pub const API_KEY: &str = "e2e-test-key";
 pub const API_SECRET: &str = "e2e-test-secret-7f3a9c0d2b1e4f6a8c5d";
 
+/// The rate limits of every test server unless a test sets its own: every number far above
+/// what any test sends, so the limiting layer runs (and stamps its headers) without refusing;
+/// the rate-limit tests start servers with low limits.
+pub const TEST_RATE_LIMITS: &str = "*=1000000,user=1000000";
+/// WebSocket caps of every test server unless a test sets its own.
+pub const TEST_WS_CONNECTIONS_PER_USER: usize = 100_000;
+pub const TEST_WS_CLIENT_EVENTS_PER_MINUTE: u32 = 1_000_000;
+
 /// How long a test waits for something the server does in the background.
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -613,6 +621,9 @@ impl TestApp {
             api_key: Some(API_KEY.into()),
             api_secret: Some(API_SECRET.into()),
             worker_poll_interval: Duration::from_millis(200),
+            rate_limits: offshoot::RateLimitConfig::parse(TEST_RATE_LIMITS).expect("the test limits parse"),
+            ws_connections_per_user: TEST_WS_CONNECTIONS_PER_USER,
+            ws_client_events_per_minute: TEST_WS_CLIENT_EVENTS_PER_MINUTE,
             ..offshoot::Config::default()
         };
         tweak(&mut config);
@@ -730,6 +741,9 @@ impl ServerProcess {
             .env("OFFSHOOT_API_KEY", API_KEY)
             .env("OFFSHOOT_API_SECRET", API_SECRET)
             .env("RUST_LOG", "warn")
+            .env("OFFSHOOT_RATE_LIMITS", TEST_RATE_LIMITS)
+            .env("OFFSHOOT_WS_CONNECTIONS_PER_USER", TEST_WS_CONNECTIONS_PER_USER.to_string())
+            .env("OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE", TEST_WS_CLIENT_EVENTS_PER_MINUTE.to_string())
             .stdout(std::process::Stdio::null())
             .stderr(log_file);
         for (k, v) in env {

@@ -28,6 +28,7 @@ mod lineage;
 mod operating;
 mod presence;
 mod process;
+mod rate_limits;
 mod scale_out;
 mod search;
 mod visibility;

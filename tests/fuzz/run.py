@@ -119,6 +119,11 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, max_e
         OFFSHOOT_API_SECRET=API_SECRET,
         OFFSHOOT_ROLES="api,ws,worker",
         RUST_LOG=os.environ.get("RUST_LOG", "warn"),
+        # Far above what the suite sends, so the limiting layer runs without refusing; the
+        # rate-limit tests start servers of their own with low limits.
+        OFFSHOOT_RATE_LIMITS="*=1000000,user=1000000",
+        OFFSHOOT_WS_CONNECTIONS_PER_USER="100000",
+        OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE="1000000",
     )
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
     print(f"\n--- schemathesis on {backend}: {binary.name} serve at {base_url}", flush=True)

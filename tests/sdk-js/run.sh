@@ -149,6 +149,8 @@ run_pass() {
         cd "$WORK"
         exec env OFFSHOOT_LISTEN="127.0.0.1:$port" DATABASE_URL="$database_url" \
             OFFSHOOT_API_KEY="$API_KEY" OFFSHOOT_API_SECRET="$API_SECRET" OFFSHOOT_ROLES=api,ws \
+            OFFSHOOT_RATE_LIMITS='*=1000000,user=1000000' OFFSHOOT_WS_CONNECTIONS_PER_USER=100000 \
+            OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE=1000000 \
             RUST_LOG="${RUST_LOG:-warn}" "$BIN" serve
     ) >"$log" 2>&1 &
     SERVER_PID=$!

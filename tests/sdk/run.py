@@ -104,6 +104,11 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, pytes
         OFFSHOOT_API_SECRET=API_SECRET,
         OFFSHOOT_ROLES="api,ws,worker",
         RUST_LOG=os.environ.get("RUST_LOG", "warn"),
+        # Far above what the suite sends, so the limiting layer runs without refusing; the
+        # rate-limit tests start servers of their own with low limits.
+        OFFSHOOT_RATE_LIMITS="*=1000000,user=1000000",
+        OFFSHOOT_WS_CONNECTIONS_PER_USER="100000",
+        OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE="1000000",
     )
     print(f"\n--- SDK tests on {backend}: {binary.name} serve at {base_url}", flush=True)
     with open(log_path, "wb") as log:
@@ -117,6 +122,9 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, pytes
             OFFSHOOT_SDK_API_KEY=API_KEY,
             OFFSHOOT_SDK_API_SECRET=API_SECRET,
             OFFSHOOT_SDK_BACKEND=backend,
+            # For tests that start a server of their own (the rate-limit tests).
+            OFFSHOOT_SDK_BIN=str(binary),
+            OFFSHOOT_SDK_DATABASE_URL=database_url,
         )
         code = subprocess.run(
             [sys.executable, "-m", "pytest", str(HERE), "-q", "-p", "no:cacheprovider", *pytest_args],

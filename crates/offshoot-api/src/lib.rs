@@ -23,6 +23,8 @@ mod jobs;
 mod messages;
 mod openapi;
 pub mod ops;
+pub mod ratelimit;
+pub mod ratelimit_shared;
 mod search;
 mod state;
 
@@ -192,6 +194,17 @@ fn general_routes() -> Routes<ApiState> {
             jobs::replay_dead_letters,
             Doc::new("worker", "Replay dead-lettered webhook deliveries: {ids} or {all: true}").body(),
         )
+        .op(
+            Method::GET,
+            "/rate_limits",
+            ratelimit::get_rate_limits,
+            app("Rate limits and what remains of them (server-side)")
+                .query("server_side", Type::Boolean, "Include server-side limits")
+                .query("android", Type::Boolean, "Include Android limits")
+                .query("ios", Type::Boolean, "Include iOS limits")
+                .query("web", Type::Boolean, "Include web limits")
+                .query("endpoints", Type::String, "Comma-separated endpoint names (default: every endpoint)"),
+        )
         .op(Method::POST, "/moderation/ban", app::ban_user, users("Ban a user").body())
         .op(
             Method::DELETE,
@@ -244,7 +257,9 @@ pub fn api_operations() -> Vec<(Method, String)> {
 pub fn router(state: ApiState) -> Router {
     let store = state.store.clone();
     let max_body = state.max_body;
+    let limiter = state.rate_limits.clone();
     let (routes, _) = api_routes().into_parts();
+    let routes = routes.route_layer(middleware::from_fn_with_state(limiter, ratelimit::limit));
     let document = std::sync::Arc::new(openapi());
     let api =
         routes.fallback(not_found).method_not_allowed_fallback(method_not_allowed).layer(DefaultBodyLimit::max(max_body)).with_state(state);
@@ -294,7 +309,13 @@ fn cors() -> CorsLayer {
             HeaderName::from_static("x-client-request-id"),
             HeaderName::from_static("x-request-id"),
         ])
-        .expose_headers([HeaderName::from_static("x-request-id")])
+        .expose_headers([
+            HeaderName::from_static("x-request-id"),
+            ratelimit::LIMIT,
+            ratelimit::REMAINING,
+            ratelimit::RESET,
+            header::RETRY_AFTER,
+        ])
 }
 
 /// Records the start time and the dialect (by path) for the handlers below.

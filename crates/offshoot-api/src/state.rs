@@ -21,6 +21,9 @@ pub struct Shared {
     pub jobs: Arc<dyn Jobs>,
     /// Request body limit (bytes); bigger bodies get Stream's 413.
     pub max_body: usize,
+    /// The rate limits of this process (`ratelimit.rs`); off unless set by
+    /// [`ApiState::with_rate_limits`].
+    pub rate_limits: Arc<crate::ratelimit::RateLimiter>,
 }
 
 impl ApiState {
@@ -37,7 +40,21 @@ impl ApiState {
         jobs: Arc<dyn Jobs>,
         max_body: usize,
     ) -> Self {
-        ApiState(Arc::new(Shared { store, api_key: api_key.into(), api_secret: Arc::new(api_secret), watchers, jobs, max_body }))
+        ApiState(Arc::new(Shared {
+            store,
+            api_key: api_key.into(),
+            api_secret: Arc::new(api_secret),
+            watchers,
+            jobs,
+            max_body,
+            rate_limits: Arc::new(crate::ratelimit::RateLimiter::off()),
+        }))
+    }
+
+    /// This state with `limits` (before it is shared with the router).
+    pub fn with_rate_limits(mut self, limits: Arc<crate::ratelimit::RateLimiter>) -> Self {
+        Arc::get_mut(&mut self.0).expect("the state is not shared yet").rate_limits = limits;
+        self
     }
 }
 

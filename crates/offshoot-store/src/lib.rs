@@ -77,6 +77,7 @@ mod messages;
 mod ops;
 mod presence;
 mod query;
+mod ratelimits;
 mod rows;
 mod search;
 mod sends;

@@ -29,6 +29,8 @@ mod messages;
 mod outbox;
 #[path = "conformance/presence.rs"]
 mod presence;
+#[path = "conformance/rate_limits.rs"]
+mod rate_limits;
 #[path = "conformance/schema.rs"]
 mod schema;
 

@@ -41,6 +41,59 @@ const CLOSE_REJECTED: u16 = 1000;
 const CLOSE_GOING_AWAY: u16 = 1001;
 const CLOSE_TRY_AGAIN: u16 = 1013;
 const CLOSE_TOO_BIG: u16 = 1009;
+/// A client that sends more events than its cap allows (RFC 6455: policy violation).
+const CLOSE_FLOODING: u16 = 1008;
+
+/// WebSocket connections one user may hold at once on one process, by default (Stream's 50).
+pub const DEFAULT_CONNECTIONS_PER_USER: usize = 50;
+/// Frames (typing and custom events, health checks, anything) one connection may send per
+/// minute, by default; a burst may spend the whole minute's count at once (GCRA).
+pub const DEFAULT_CLIENT_EVENTS_PER_MINUTE: u32 = 600;
+
+/// The limits on what clients open and send (README, "Rate limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// The user's connection beyond this is refused (`connection.error`, code 9, 429).
+    pub connections_per_user: usize,
+    /// A connection that sends more frames than this per minute is closed with 1008.
+    pub events_per_minute: u32,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits { connections_per_user: DEFAULT_CONNECTIONS_PER_USER, events_per_minute: DEFAULT_CLIENT_EVENTS_PER_MINUTE }
+    }
+}
+
+impl Hub {
+    /// Sets the per-user connection cap and the per-connection event rate (for connections
+    /// opened from now on).
+    pub fn set_client_limits(&self, limits: ClientLimits) {
+        *self.client_limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
+    }
+
+    fn client_limits(&self) -> ClientLimits {
+        *self.client_limits.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers the connection unless its user already holds `cap` connections here; the
+    /// check and the insert happen under one lock, so concurrent connects cannot overshoot.
+    fn register_within(&self, id: String, conn: Conn, cap: usize) -> bool {
+        let mut reg = self.write();
+        if reg.by_user.get(&conn.user_id).is_some_and(|ids| ids.len() >= cap) {
+            return false;
+        }
+        reg.insert(id, conn);
+        true
+    }
+}
+
+type EventLimiter = governor::DefaultDirectRateLimiter;
+
+fn event_limiter(per_minute: u32) -> EventLimiter {
+    let n = std::num::NonZeroU32::new(per_minute.max(1)).expect("at least 1");
+    governor::RateLimiter::direct(governor::Quota::per_minute(n))
+}
 
 type Sink = SplitSink<WebSocket, Message>;
 type Source = SplitStream<WebSocket>;
@@ -185,14 +238,19 @@ async fn first_text(source: &mut Source) -> Option<String> {
 }
 
 /// `connection.error`, then close with 1000 so the client does not retry.
-async fn reject(sink: &mut Sink, mut source: Source, e: &Error) {
-    tracing::debug!(code = e.kind.code(), message = %e.message, "websocket connection rejected");
+async fn reject(sink: &mut Sink, source: Source, e: &Error) {
+    reject_with(sink, source, e.kind.code(), e.kind.status(), &e.message).await
+}
+
+/// `connection.error` with this code, status and message, then close with 1000.
+async fn reject_with(sink: &mut Sink, mut source: Source, code: i64, status: u16, message: &str) {
+    tracing::debug!(code, message, "websocket connection rejected");
     let body = json!({
         "type": "connection.error",
         "error": {
-            "code": e.kind.code(),
-            "StatusCode": e.kind.status(),
-            "message": e.message,
+            "code": code,
+            "StatusCode": status,
+            "message": message,
             "duration": "0ms",
             "more_info": "",
             "details": [],
@@ -212,7 +270,15 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, mut user: Us
     // Registered here before the store records it (the heartbeat removes records of
     // connections the registry does not hold), and both before the first frame, so a watch
     // sent right after it finds the connection.
-    hub.register(conn_id.clone(), Conn { user_id: user.id.clone(), dialect, queue, watching: HashSet::new(), kick: kick.clone() });
+    let limits = hub.client_limits();
+    let conn = Conn { user_id: user.id.clone(), dialect, queue, watching: HashSet::new(), kick: kick.clone() };
+    if !hub.register_within(conn_id.clone(), conn, limits.connections_per_user) {
+        metrics::counter!("offshoot_ws_connections_refused_total").increment(1);
+        let message = format!("Too many requests: user {} already holds {} WebSocket connections", user.id, limits.connections_per_user);
+        reject_with(&mut sink, source, 9, 429, &message).await;
+        return;
+    }
+    let client_events = event_limiter(limits.events_per_minute);
     match hub.store.open_connection(&hub.instance, &conn_id, &user.id).await {
         Ok(Some(stored)) => user = stored,
         Ok(None) => {}
@@ -250,6 +316,11 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, mut user: Us
                     None => break None,
                 },
                 frame = source.next() => match frame {
+                    // Every frame but the close counts against the connection's event cap.
+                    Some(Ok(ref m)) if !matches!(m, Message::Close(_)) && client_events.check().is_err() => {
+                        metrics::counter!("offshoot_ws_flooding_closed_total").increment(1);
+                        break Some((CLOSE_FLOODING, "too many client events"));
+                    }
                     Some(Ok(Message::Text(text))) => {
                         if is_health_check(&text) {
                             let me = render_me(dialect, &user, unread_counts(&hub, &user.id).await);
@@ -275,7 +346,19 @@ async fn session(hub: Arc<Hub>, mut sink: Sink, mut source: Source, mut user: Us
         tracing::warn!(error = %e, "removing the websocket connection's record failed; the heartbeat removes it later");
     }
     match close_with {
-        Some((code, reason)) => close(&mut sink, code, reason).await,
+        Some((code, reason)) => {
+            close(&mut sink, code, reason).await;
+            // Read (bounded) until the client's close reply: a socket closed with unread bytes
+            // (a flooding client's frames) is reset, and the reset can overtake the close frame.
+            let _ = timeout(Duration::from_secs(1), async {
+                while let Some(Ok(frame)) = source.next().await {
+                    if matches!(frame, Message::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
         None => {
             let _ = timeout(Duration::from_secs(1), sink.close()).await;
         }

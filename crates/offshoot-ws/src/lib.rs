@@ -60,7 +60,11 @@ pub struct Hub {
     max_connections: usize,
     /// Connections holding a slot (upgraded or being upgraded).
     open: AtomicUsize,
+    /// Per-user connection cap and per-connection client event rate (`conn.rs`).
+    client_limits: RwLock<conn::ClientLimits>,
 }
+
+pub use conn::{ClientLimits, DEFAULT_CLIENT_EVENTS_PER_MINUTE, DEFAULT_CONNECTIONS_PER_USER};
 
 /// Default of [`Hub::with_max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
@@ -154,6 +158,7 @@ impl Hub {
             closing: CancellationToken::new(),
             max_connections,
             open: AtomicUsize::new(0),
+            client_limits: RwLock::new(conn::ClientLimits::default()),
         })
     }
 
@@ -356,6 +361,7 @@ impl Hub {
         }
     }
 
+    #[cfg(test)]
     fn register(&self, id: String, conn: Conn) {
         self.write().insert(id, conn);
     }

@@ -43,6 +43,15 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// WebSocket connections one process holds at most; new ones beyond are refused (503, code 71).
     pub max_ws_connections: usize,
+    /// Rate limits per endpoint, platform and user (README, "Rate limits").
+    pub rate_limits: offshoot_api::ratelimit::RateLimitConfig,
+    /// PostgreSQL: how often each api process adds its counts to the shared windows.
+    pub rate_limit_flush: Duration,
+    /// WebSocket connections one user may hold at once (across the process).
+    pub ws_connections_per_user: usize,
+    /// Client events (typing, custom events, health checks) one WebSocket connection may send
+    /// per minute; a connection over it is closed.
+    pub ws_client_events_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +115,10 @@ impl std::fmt::Debug for Config {
             .field("request_timeout", &self.request_timeout)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_ws_connections", &self.max_ws_connections)
+            .field("rate_limits", &self.rate_limits)
+            .field("rate_limit_flush", &self.rate_limit_flush)
+            .field("ws_connections_per_user", &self.ws_connections_per_user)
+            .field("ws_client_events_per_minute", &self.ws_client_events_per_minute)
             .finish()
     }
 }
@@ -136,6 +149,10 @@ impl Default for Config {
             request_timeout: Duration::from_secs(30),
             max_body_bytes: offshoot_api::MAX_BODY,
             max_ws_connections: offshoot_ws::DEFAULT_MAX_CONNECTIONS,
+            rate_limits: offshoot_api::ratelimit::RateLimitConfig::default(),
+            rate_limit_flush: offshoot_api::ratelimit_shared::DEFAULT_FLUSH,
+            ws_connections_per_user: offshoot_ws::DEFAULT_CONNECTIONS_PER_USER,
+            ws_client_events_per_minute: offshoot_ws::DEFAULT_CLIENT_EVENTS_PER_MINUTE,
         }
     }
 }
@@ -195,6 +212,14 @@ pub struct Settings {
     pub max_body_bytes: Option<usize>,
     #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
     pub max_ws_connections: Option<usize>,
+    #[serde(default, deserialize_with = "text", skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<String>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub rate_limit_flush_ms: Option<u64>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub ws_connections_per_user: Option<usize>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub ws_client_events_per_minute: Option<u32>,
 }
 
 /// A value as text. The environment and the file hold text that figment reads as numbers or
@@ -348,6 +373,22 @@ impl Config {
         if let Some(v) = s.max_ws_connections {
             c.max_ws_connections = v;
         }
+        if let Some(v) = s.rate_limits {
+            c.rate_limits =
+                offshoot_api::ratelimit::RateLimitConfig::parse(&v).map_err(|e| anyhow::anyhow!("OFFSHOOT_RATE_LIMITS: {e}"))?;
+        }
+        if let Some(v) = s.rate_limit_flush_ms {
+            anyhow::ensure!(v >= 10, "OFFSHOOT_RATE_LIMIT_FLUSH_MS must be at least 10");
+            c.rate_limit_flush = Duration::from_millis(v);
+        }
+        if let Some(v) = s.ws_connections_per_user {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WS_CONNECTIONS_PER_USER must be positive");
+            c.ws_connections_per_user = v;
+        }
+        if let Some(v) = s.ws_client_events_per_minute {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE must be positive");
+            c.ws_client_events_per_minute = v;
+        }
         Ok(c)
     }
 
@@ -395,6 +436,7 @@ mod tests {
             jail.set_env("OFFSHOOT_API_KEY", "12345");
             jail.set_env("OFFSHOOT_API_SECRET", "s3cret");
             jail.set_env("OFFSHOOT_REQUEST_TIMEOUT_MS", "");
+            jail.set_env("OFFSHOOT_RATE_LIMITS", "SendMessage=2000,user=120");
             let flags = Settings { backfill_page_size: Some(400), ..Default::default() };
             let c = Config::load(Some(Path::new("offshoot.env")), flags).map_err(|e| e.to_string())?;
             assert_eq!(c.listen, "127.0.0.1:5000", "the environment wins over the file");
@@ -407,6 +449,8 @@ mod tests {
             assert_eq!(c.api_secret.as_ref().map(|s| s.expose_secret()), Some("s3cret"));
             assert_eq!(c.request_timeout, Duration::from_secs(30), "an empty value is unset: the default stays");
             assert_eq!(c.database_url, "sqlite://offshoot.db?mode=rwc");
+            assert_eq!((c.rate_limits.endpoints["SendMessage"], c.rate_limits.user), (2000, 120), "the limits table is overridden");
+            assert_eq!(c.rate_limits.endpoints["Connect"], 10_000, "what the override does not name keeps Stream's default");
             Ok(())
         });
     }
@@ -433,6 +477,8 @@ mod tests {
             assert!(Config::load(Some(Path::new("zero.env")), Settings::default()).is_err(), "a page budget of 0 is refused");
             jail.create_file("none.env", "OFFSHOOT_BACKFILL_CONCURRENCY=0\n")?;
             assert!(Config::load(Some(Path::new("none.env")), Settings::default()).is_err(), "no backfills at once is refused");
+            jail.create_file("limits.env", "OFFSHOOT_RATE_LIMITS=SendMesage=5\n")?;
+            assert!(Config::load(Some(Path::new("limits.env")), Settings::default()).is_err(), "an unknown endpoint name is refused");
             jail.set_env("OFFSHOOT_WEBHOOK_TIMEOUT_MS", "soon");
             assert!(Config::load(None, Settings::default()).is_err(), "a word where a number belongs is refused");
             Ok(())

@@ -10,6 +10,7 @@ pub mod config;
 mod tree;
 
 pub use config::{Config, LogFormat, MetricsListen, Roles, Settings};
+pub use offshoot_api::ratelimit::RateLimitConfig;
 
 use anyhow::Context;
 use offshoot_core::model::{NoWatchers, Watchers};
@@ -59,10 +60,17 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         .roles
         .ws
         .then(|| offshoot_ws::Hub::with_max_connections(store.clone(), api_key.clone(), api_secret.clone(), config.max_ws_connections));
+    if let Some(h) = &hub {
+        h.set_client_limits(offshoot_ws::ClientLimits {
+            connections_per_user: config.ws_connections_per_user,
+            events_per_minute: config.ws_client_events_per_minute,
+        });
+    }
     let watchers: Arc<dyn Watchers> = match &hub {
         Some(h) => h.clone(),
         None => Arc::new(NoWatchers),
     };
+    let limiter = rate_limiter(&config, &store, &api_secret, &mut tasks, &shutdown);
     let mut router = axum::Router::new();
     if config.roles.api {
         let state = offshoot_api::ApiState::with_max_body(
@@ -72,13 +80,16 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
             watchers,
             Arc::new(queue.clone()),
             config.max_body_bytes,
-        );
+        )
+        .with_rate_limits(limiter.clone());
         router = router.merge(offshoot_api::router(state));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
     }
     if let Some(hub) = &hub {
-        router = router.merge(hub.clone().router());
+        // `Connect` is limited like the API's endpoints.
+        let limit = axum::middleware::from_fn_with_state(limiter.clone(), offshoot_api::ratelimit::limit);
+        router = router.merge(hub.clone().router().route_layer(limit));
         let (h, s) = (hub.clone(), shutdown.clone());
         tasks.spawn(async move { h.run(s).await });
     }
@@ -125,6 +136,41 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     queue.close().await;
     store.close().await;
     Ok(())
+}
+
+/// The process's rate limits: Stream's table as configured. On PostgreSQL the app's counts are
+/// also shared with the other api processes through the database, flushed every
+/// `rate_limit_flush`; idle per-user cells are forgotten every minute.
+fn rate_limiter(
+    config: &Config,
+    store: &Store,
+    secret: &SecretString,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Arc<offshoot_api::ratelimit::RateLimiter> {
+    use offshoot_api::ratelimit::RateLimiter;
+    if !config.rate_limits.enabled {
+        return Arc::new(RateLimiter::off());
+    }
+    let mut limiter =
+        RateLimiter::new(config.rate_limits.clone(), secret.clone()).with_connection_events(config.ws_client_events_per_minute);
+    if store.backend() == offshoot_store::Backend::Postgres {
+        let windows = Arc::new(offshoot_api::ratelimit_shared::Windows::new());
+        limiter = limiter.share(windows.clone());
+        let (st, s, every) = (store.clone(), shutdown.clone(), config.rate_limit_flush);
+        tasks.spawn(async move { windows.run(st, every, s.cancelled_owned()).await });
+    }
+    let limiter = Arc::new(limiter);
+    let (l, s) = (limiter.clone(), shutdown.clone());
+    tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = s.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(60)) => l.forget_idle(),
+            }
+        }
+    });
+    limiter
 }
 
 /// Deletes delivered outbox events older than `retention`, every `interval`, until shutdown.
