@@ -47,7 +47,8 @@ async fn send_as(app: &Client, cid: &str, token: &str, user: &str, text: &str) -
 }
 
 fn limits(spec: &str) -> offshoot::RateLimitConfig {
-    offshoot::RateLimitConfig::parse(spec).expect("a valid limits spec")
+    // These tests count server-side tokens too, which a default configuration does not limit.
+    offshoot::RateLimitConfig::parse(&format!("server_side=on,{spec}")).expect("a valid limits spec")
 }
 
 #[tokio::test]
@@ -109,7 +110,7 @@ async fn the_cors_preflight_exposes_the_rate_limit_headers() {
         .http
         .get(app.url("/app"))
         .header("Origin", "https://example.com")
-        .header("Authorization", app.server())
+        .header("Authorization", app.user("alice"))
         .header("stream-auth-type", "jwt")
         .send()
         .await
@@ -243,7 +244,11 @@ async fn two_api_processes_on_postgres_share_one_limit() {
         return;
     }
     let db = TestDb::create().await;
-    let env = [("OFFSHOOT_ROLES", "api"), ("OFFSHOOT_RATE_LIMITS", "*=100000,SendMessage=30"), ("OFFSHOOT_RATE_LIMIT_FLUSH_MS", "50")];
+    let env = [
+        ("OFFSHOOT_ROLES", "api"),
+        ("OFFSHOOT_RATE_LIMITS", "server_side=on,*=100000,SendMessage=30"),
+        ("OFFSHOOT_RATE_LIMIT_FLUSH_MS", "50"),
+    ];
     let api1 = ServerProcess::start(&db, &env).await;
     let api2 = ServerProcess::start(&db, &env).await;
     api1.users(&["alice"]).await;
@@ -319,4 +324,23 @@ async fn events_sent_over_rest_for_a_connection_count_against_that_connections_c
     // Another connection's events are not affected.
     let r = event(&other_conn, "other").await;
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[tokio::test]
+async fn by_default_server_side_tokens_are_not_limited_and_client_side_tokens_are() {
+    let app = TestApp::spawn_with(|c| c.rate_limits = offshoot::RateLimitConfig::parse("SendMessage=3,user=2").expect("spec")).await;
+    app.users(&["alice", "bob"]).await;
+    app.channel("messaging:default-limits", "alice", &["alice", "bob"]).await;
+    for i in 0..6 {
+        let r = send_as(&app, "messaging:default-limits", &app.server(), "alice", &format!("server {i}")).await;
+        assert_eq!(r.status, 200, "server-side send {i}: {}", r.body);
+        assert_eq!(r.limit, None, "no limit applies, so no header claims one");
+    }
+    let bob = app.user("bob");
+    for left in [1, 0] {
+        let r = send_as(&app, "messaging:default-limits", &bob, "bob", "hi").await;
+        assert_eq!((r.status, r.remaining), (200, Some(left)), "{}", r.body);
+    }
+    let r = send_as(&app, "messaging:default-limits", &bob, "bob", "over").await;
+    Resp { status: r.status, body: r.body.clone() }.err(429, 9);
 }

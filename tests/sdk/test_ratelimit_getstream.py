@@ -44,7 +44,7 @@ def limited(server):
         OFFSHOOT_API_KEY=server["api_key"],
         OFFSHOOT_API_SECRET=server["api_secret"],
         OFFSHOOT_ROLES="api",
-        OFFSHOOT_RATE_LIMITS="*=100000,SendMessage=10,user=3",
+        OFFSHOOT_RATE_LIMITS="server_side=on,*=100000,SendMessage=10,user=3",
         RUST_LOG="warn",
     )
     proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

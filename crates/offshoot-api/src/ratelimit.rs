@@ -6,9 +6,14 @@
 //!
 //! Each limit is a GCRA cell of `governor` (a bucket of `limit` requests refilled evenly over
 //! the minute): `Remaining` is what is left of the bucket, `Reset` the second at which it is
-//! full again, `Retry-After` the wait until the next request fits. Server-side tokens are
-//! counted per app only; client-side tokens per user first (a refused request does not use
-//! the app's budget, so one flooding user cannot starve the others), then per app.
+//! full again, `Retry-After` the wait until the next request fits. Client-side tokens are
+//! counted per user first (a refused request does not use the app's budget, so one flooding
+//! user cannot starve the others), then per app and platform. Server-side tokens are the
+//! operator's own backend: they are not limited unless the configuration says
+//! `server_side=on`, because Stream's per-app table (1,000 sends a minute) is far below what
+//! one agent backend sends to its own server (an agent streams 20 updates a second; the
+//! capacity model in BENCHMARKS.md plans 1,000 messages a second), and a limit there would
+//! only refuse the operator's own traffic. With it on they are counted per app, never per user.
 //!
 //! Every route's endpoint name comes from one table ([`ENDPOINTS`], keyed by method and
 //! route template without its `/api/v2` prefix); a test holds every route of the router
@@ -64,6 +69,8 @@ pub const ENDPOINTS: &[(&str, &str, &str)] = &[
     ("POST", "/channels/{type}/{id}/fork", "ForkChannel"),
     ("POST", "/channels/{type}/{id}/fork/message_ids", "GetForkMessageIds"),
     ("GET", "/channels/{type}/{id}/forks", "ListForks"),
+    ("GET", "/channels/{type}/{id}/lineage", "GetLineage"),
+    ("GET", "/search", "Search"),
     ("GET", "/messages/{id}", "GetMessage"),
     ("POST", "/messages/{id}", "UpdateMessage"),
     ("PUT", "/messages/{id}", "UpdateMessagePartial"),
@@ -124,6 +131,7 @@ pub const DEFAULT_LIMITS: &[(&str, u32)] = &[
     ("GetThread", 1_000),
     ("GetForkMessageIds", 1_000),
     ("ListForks", 1_000),
+    ("GetLineage", 1_000),
     ("GetTask", 1_000),
     ("RewindChannel", 1_000),
     ("Ban", 300),
@@ -172,6 +180,8 @@ pub struct RateLimitConfig {
     pub endpoints: BTreeMap<String, u32>,
     /// Requests per minute per user and endpoint (client-side tokens).
     pub user: u32,
+    /// Whether server-side tokens are limited (per app, by the same table); off by default.
+    pub server_side: bool,
 }
 
 impl Default for RateLimitConfig {
@@ -180,6 +190,7 @@ impl Default for RateLimitConfig {
             enabled: true,
             endpoints: DEFAULT_LIMITS.iter().map(|(n, l)| (n.to_string(), *l)).collect(),
             user: DEFAULT_USER_LIMIT,
+            server_side: false,
         }
     }
 }
@@ -191,7 +202,8 @@ impl RateLimitConfig {
     }
 
     /// Stream's table with `spec` applied: `off`, or comma-separated `Name=n` (an endpoint),
-    /// `user=n` (per user and endpoint) and `*=n` (every endpoint), applied left to right.
+    /// `user=n` (per user and endpoint), `*=n` (every endpoint) and `server_side=on|off`
+    /// (whether server-side tokens are limited too), applied left to right.
     pub fn parse(spec: &str) -> Result<RateLimitConfig, String> {
         let spec = spec.trim();
         if spec.eq_ignore_ascii_case("off") {
@@ -201,6 +213,14 @@ impl RateLimitConfig {
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty() && !p.eq_ignore_ascii_case("default")) {
             let (name, n) = part.split_once('=').ok_or_else(|| format!("{part:?} is not Name=number"))?;
             let (name, n) = (name.trim(), n.trim());
+            if name == "server_side" {
+                c.server_side = match n.to_ascii_lowercase().as_str() {
+                    "on" | "true" | "1" => true,
+                    "off" | "false" | "0" => false,
+                    _ => return Err(format!("server_side: {n:?} is not on or off")),
+                };
+                continue;
+            }
             let n: u32 = n.parse().ok().filter(|n| *n > 0).ok_or_else(|| format!("{name}: {n:?} is not a positive whole number"))?;
             match name {
                 "user" => c.user = n,
@@ -209,7 +229,7 @@ impl RateLimitConfig {
                     Some(v) => *v = n,
                     None => {
                         let known: Vec<&str> = c.endpoints.keys().map(String::as_str).collect();
-                        return Err(format!("unknown endpoint {name:?}; known: user, *, {}", known.join(", ")));
+                        return Err(format!("unknown endpoint {name:?}; known: user, *, server_side, {}", known.join(", ")));
                     }
                 },
             }
@@ -452,7 +472,7 @@ impl RateLimiter {
     /// Counts one request of `caller` on `platform` to `endpoint`; `None` when limits are off
     /// or the endpoint has none.
     pub fn check(&self, endpoint: &'static str, platform: Platform, caller: &Caller) -> Option<Verdict> {
-        if !self.config.enabled {
+        if !self.config.enabled || (*caller == Caller::Server && !self.config.server_side) {
             return None;
         }
         let (limit, cells) = self.app.get(endpoint)?;
@@ -688,11 +708,25 @@ mod tests {
         assert!(RateLimitConfig::parse("SendMesage=5").unwrap_err().contains("unknown endpoint"));
         assert!(RateLimitConfig::parse("SendMessage=0").is_err());
         assert!(RateLimitConfig::parse("SendMessage").is_err());
+        assert!(!RateLimitConfig::default().server_side, "server-side tokens are not limited by default");
+        assert!(RateLimitConfig::parse("server_side=on").unwrap().server_side);
+        assert!(RateLimitConfig::parse("server_side=maybe").is_err());
+    }
+
+    #[test]
+    fn server_side_tokens_are_not_limited_unless_the_configuration_says_so() {
+        let l = RateLimiter::new(RateLimitConfig::parse("SendMessage=2").unwrap(), SecretString::from("s"));
+        for _ in 0..10 {
+            assert!(l.check("SendMessage", Platform::ServerSide, &Caller::Server).is_none(), "no limit, no headers");
+        }
+        assert!(l.check("SendMessage", Platform::Web, &Caller::User("amy".into())).unwrap().allowed);
+        assert!(l.check("SendMessage", Platform::Web, &Caller::User("ben".into())).unwrap().allowed);
+        assert!(!l.check("SendMessage", Platform::Web, &Caller::User("cid".into())).unwrap().allowed, "client-side keeps the app's table");
     }
 
     #[test]
     fn a_user_over_its_limit_is_refused_without_using_the_apps_budget() {
-        let l = RateLimiter::new(RateLimitConfig::parse("SendMessage=10,user=3").unwrap(), SecretString::from("s"));
+        let l = RateLimiter::new(RateLimitConfig::parse("SendMessage=10,user=3,server_side=on").unwrap(), SecretString::from("s"));
         let alice = Caller::User("alice".into());
         for left in [2, 1, 0] {
             let v = l.check("SendMessage", Platform::Web, &alice).unwrap();
