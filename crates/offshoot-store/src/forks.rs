@@ -1,10 +1,11 @@
 //! Fork: the synchronous part (one transaction: channel, members, newest page, summary, task,
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
-use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
-use crate::messages::{arguments, ensure_users, load_message, lock_channel, Bind};
+use crate::channels::{event_for, insert_channel_row, load_channel, load_members, lock_channel, reload, MemberInput, NewChannel};
+use crate::messages::load_message;
 use crate::rows::{self, placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
-use crate::users::load_users;
+use crate::sql::{arguments, Bind};
+use crate::users::{ensure_users, load_users};
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
 use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Message, Task, User};

@@ -16,10 +16,9 @@
 //! What differs from sends written one by one: every send of a group carries its recipients'
 //! unread totals as they are after the whole group (a lone send's are as after it).
 
-use crate::batch::QueuedSend;
 use crate::channels::{bump_channels, lock_channels};
-use crate::messages::{check_parent, check_quote, check_reserved, ensure_user, id_taken, insert_new_rows, load_messages, new_row};
-use crate::users::load_users;
+use crate::messages::{check_parent, check_quote, check_reserved, id_taken, insert_new_rows, load_messages, new_row, QueuedSend};
+use crate::users::{ensure_user, load_users};
 use crate::{domain, not_found, rows, Result, Store};
 use offshoot_core::model::{Channel, Message};
 use offshoot_core::{ids, time};

@@ -4,9 +4,11 @@
 
 use crate::channels::read_states_sql;
 use crate::channels::ReadState;
-use crate::messages::{arguments, hydrate_messages_of, latest_pages, page_sql, pins_sql, union_all, visible_after, visible_to, Bind, Page};
+use crate::messages::{hydrate_messages_of, latest_pages, page_sql, pins_sql, Page};
 use crate::rows::{self, lateral, placeholders, MemberRow, MEMBER_COLS};
+use crate::sql::{arguments, union_all, Bind};
 use crate::users::load_users;
+use crate::visibility::{visible_after, visible_to};
 use crate::{counted, Backend, Result, Store};
 use offshoot_core::model::{Channel, Member, Message, Viewer};
 use sqlx::{AnyConnection, AssertSqlSafe};

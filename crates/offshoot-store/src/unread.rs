@@ -95,7 +95,7 @@ async fn add_for_readers(tx: &mut Tx, m: &Message, delta: i64) -> Result<()> {
     let restricted = if m.restricted_visibility.is_empty() {
         String::new()
     } else {
-        format!(" AND {}", crate::messages::restricted_to("$5", "member.user_id"))
+        format!(" AND {}", crate::visibility::restricted_to("$5", "member.user_id"))
     };
     let mut q = sqlx::query(AssertSqlSafe(format!(
         "UPDATE member SET unread_count = unread_count + $4 \
@@ -126,7 +126,7 @@ pub(crate) async fn recount(tx: &mut Tx, cid: &str, user: Option<&str>) -> Resul
            AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
            AND (m.restricted_visibility = '[]' OR {})) \
          WHERE cid = $1{only}",
-        crate::messages::restricted_to("m.id", "member.user_id")
+        crate::visibility::restricted_to("m.id", "member.user_id")
     );
     let mut q = sqlx::query(AssertSqlSafe(sql)).bind(cid.to_string());
     if let Some(u) = user {
