@@ -4,6 +4,7 @@
 use crate::{writer, Result, StoreError};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ pub(crate) const SQLITE_BUSY_WAIT: Duration = Duration::from_secs(15);
 /// and flush it before returning, while requests wait ([`checkpoint`] does it instead). SQLite's
 /// temporary files are kept in memory: a backfill page's insert spilled its statement journal
 /// to a new file under `/var/tmp` past 64 KiB, a file created, written and deleted for every
-/// page the one writer wrote (BENCHMARKS.md, twenty-second session).
+/// page the one writer wrote (docs/performance.md, "SQLite WAL checkpoints").
 pub(crate) async fn sqlite_pool(url: &str, connections: u32, busy: Duration) -> Result<AnyPool> {
     let pragmas: Arc<str> = format!(
         "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {}; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; PRAGMA temp_store = MEMORY",
@@ -50,13 +51,13 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 /// After a restart the writers write the WAL's file over from its start, and SQLite's frames
 /// (a page and a 24-byte header) straddle the file system's blocks, so a frame written over a
 /// block that is no longer in the page cache reads that block from disk first, the writer
-/// waiting behind whatever the disk is flushing. Until the twenty-second session the WAL grew
-/// to 100,000 frames (400 MB) before a restart when its rounds kept up, and the part written
-/// a minute before had left the page cache (this machine's kernel pages out file pages unused
-/// for about a minute): some 5,000 such reads in one run of figure c, writes of the one
-/// writer taking 5–20 ms (BENCHMARKS.md, twenty-second session). Kept to 10,000 frames, the
-/// WAL is written over every few seconds under load, while its pages are in memory. Restarts
-/// are cheap enough for it since the twenty-first session (`checkpoint_round`).
+/// waiting behind whatever the disk is flushing. With a bound of 100,000 frames (400 MB) the
+/// part written a minute before had left the page cache (the kernel pages out file pages unused
+/// for about a minute): some 5,000 such reads in one run of figure c, writes of the one writer
+/// taking 5–20 ms. Kept to 10,000 frames, the WAL is written over every few seconds under load,
+/// while its pages are in memory, and the reads fall to a few hundred; a restart is cheap enough
+/// for it because its round flushes the database file before taking the lock
+/// (`checkpoint_round`; docs/performance.md, "SQLite WAL checkpoints").
 const RESTART_FRAMES: i64 = 10_000;
 
 /// Copies the SQLite WAL into the database every [`CHECKPOINT_EVERY`], off every request's and
@@ -65,9 +66,8 @@ const RESTART_FRAMES: i64 = 10_000;
 /// round. Ends when the pool is closed.
 ///
 /// A WAL that is never started over grows for as long as writes last, and every page read then
-/// searches more of the WAL's index. The send ceiling halved after a run of heavy writes
-/// (BENCHMARKS.md, ninth session), and during the agent streams of figure e the WAL reached
-/// 1.2 GB (seventeenth session). SQLite starts the WAL over by itself only when a writer finds it
+/// searches more of the WAL's index: the send ceiling halved after a run of heavy writes, and
+/// during the agent streams of figure e the WAL reached 1.2 GB. SQLite starts the WAL over by itself only when a writer finds it
 /// fully copied and no reader on its frames. Under steady writes that moment does not come:
 /// either the rounds never catch up with the last frame (the benchmark's seeding), or they catch
 /// up every round but a reader is always on the frames (the streams). So past
@@ -78,13 +78,13 @@ const RESTART_FRAMES: i64 = 10_000;
 /// request waits for the lock, and otherwise next round.
 ///
 /// `RESTART` holds the write lock for its copy, and sends waited 10–30 ms behind it during
-/// backfills (BENCHMARKS.md, thirteenth session). Even with nothing left to copy when the round
-/// began, a restart held it 21–55 ms (the frames written since, and the flushes of both files):
-/// the slowest sends of figure c (twentieth session): the frames written during the round.
+/// backfills. Even with nothing left to copy when the round began, a restart held it 21–55 ms
+/// (the frames written since, and the flushes of both files), the slowest sends of figure c.
 /// So before it takes the lock, further rounds copy what the writers added meanwhile until a
 /// round copies few, the database file is flushed without the lock, and while requests are
 /// writing the backfills' pages are held back meanwhile
-/// ([`writer::WriteLock::pause_background`]); see `checkpoint_round`.
+/// ([`writer::WriteLock::pause_background`]); see `checkpoint_round` and docs/performance.md,
+/// "SQLite WAL checkpoints".
 pub(crate) async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer::WriteLock>) {
     // Asked once: the restarts flush it every few seconds under load.
     let file = database_file(&pool).await.unwrap_or_else(|e| {
@@ -96,7 +96,8 @@ pub(crate) async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer:
         if pool.is_closed() {
             return;
         }
-        if let Err(e) = checkpoint_round(&pool, &writer, &lock, file.as_deref(), RESTART_FRAMES).await {
+        let pause = || tokio::time::sleep(RESTART_PAUSE);
+        if let Err(e) = checkpoint_round(&pool, &writer, &lock, file.as_deref(), RESTART_FRAMES, pause).await {
             if pool.is_closed() {
                 return;
             }
@@ -107,13 +108,16 @@ pub(crate) async fn checkpoint(pool: AnyPool, writer: AnyPool, lock: Arc<writer:
 
 /// One round of [`checkpoint`], restarting the WAL past `restart_past` frames
 /// ([`RESTART_FRAMES`]; a test gives fewer) after flushing the database `file` (none in memory).
+/// `between_tries` runs each time a restart gave up because a reader is on the WAL's frames,
+/// before the next try: [`RESTART_PAUSE`] of sleep (a test ends its reader there instead).
 /// Fails only when its `PASSIVE` copy fails.
-async fn checkpoint_round(
+async fn checkpoint_round<F: Future<Output = ()>>(
     pool: &AnyPool,
     writer: &AnyPool,
     lock: &writer::WriteLock,
     file: Option<&std::path::Path>,
     restart_past: i64,
+    between_tries: impl Fn() -> F,
 ) -> Result<()> {
     let (frames, done) = passive_checkpoint(pool).await?;
     if frames < restart_past {
@@ -122,7 +126,7 @@ async fn checkpoint_round(
     // The restart flushes the database file holding the lock, and a `PASSIVE` round flushes it
     // only when it copies the WAL to its end, which under steady writes it never does: so the
     // restart flushed everything the rounds had copied since the last restart, 60–140 MB,
-    // 50–100 ms of every writer's wait (BENCHMARKS.md, twenty-first session). Here, before the
+    // 50–100 ms of every writer's wait. Here, before the
     // lock, the rounds copy what the writers added meanwhile and the file is flushed, so that
     // the restart copies and flushes only what was written in the last moments. While requests
     // are writing, the backfills' pages are held back meanwhile (requests go on), so that the
@@ -151,7 +155,7 @@ async fn checkpoint_round(
         }
     }
     // How long the restart waited for the lock and held it, for the debug line: a restart's
-    // hold is every writer's wait (BENCHMARKS.md, twentieth session).
+    // hold is every writer's wait.
     let asked = std::time::Instant::now();
     let _lock = match &pause {
         Some(pause) => lock.background_while_paused(pause).await,
@@ -163,7 +167,7 @@ async fn checkpoint_round(
         tries += 1;
         match restart_wal(writer).await {
             // Not while a request waits: it goes first, and the next round tries again.
-            Ok(false) if tries < RESTART_TRIES && !lock.requests_waiting() => tokio::time::sleep(RESTART_PAUSE).await,
+            Ok(false) if tries < RESTART_TRIES && !lock.requests_waiting() => between_tries().await,
             other => break other,
         }
     };
@@ -291,19 +295,28 @@ mod tests {
         scratch.remove().await;
     }
 
-    /// The moment of figure e where SQLite never starts the WAL over by itself (BENCHMARKS.md,
-    /// seventeenth session, 4): after each write a reader begins on the WAL's frames (the
+    /// The moment of figure e where SQLite never starts the WAL over by itself (docs/performance.md,
+    /// "SQLite WAL checkpoints"): after each write a reader begins on the WAL's frames (the
     /// outbox's consumers, woken by the commit), the round copies them all, and the next write
     /// comes while that reader is still open. SQLite tries its restart only at the first write
     /// after a full copy, and a reader on the frames makes it give up; so with `cap` out of
     /// reach the WAL only grows. Past `cap` the round holds the write lock and tries again while
-    /// the reader finishes, as reads do.
-    async fn wal_frames_under_readers_after_every_write(cap: i64) -> Vec<i64> {
+    /// the reader finishes, as reads do. Each step happens in sequence, not by timing: the reader
+    /// of a write ends when the round's restart gives up on it (the round's `between_tries`), or
+    /// else after the next write. Returns the WAL's frames after each round and how many
+    /// restarts gave up on a reader.
+    async fn wal_frames_under_readers_after_every_write(cap: i64) -> (Vec<i64>, usize) {
         let scratch = Scratch::new(8).await;
         let (readers, writer) = (&scratch.readers, &scratch.writer);
         let lock = writer::WriteLock::default();
         sqlx::query("CREATE TABLE t (x INTEGER, pad TEXT)").execute(writer).await.expect("create");
-        let mut reading: Option<tokio::task::JoinHandle<()>> = None;
+        let reading: tokio::sync::Mutex<Option<sqlx::Transaction<'static, sqlx::Any>>> = Default::default();
+        let gave_up = std::sync::atomic::AtomicUsize::new(0);
+        let end_reader = || async {
+            if let Some(read) = reading.lock().await.take() {
+                read.rollback().await.expect("end read");
+            }
+        };
         let mut frames = Vec::new();
         for i in 0..100 {
             {
@@ -314,36 +327,44 @@ mod tests {
             // A reader on the frames just written.
             let mut read = readers.begin().await.expect("begin read");
             let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *read).await.expect("read");
-            // The reader before it is done, so the round copies every frame.
-            if let Some(previous) = reading.take() {
-                previous.await.expect("previous reader");
-            }
-            // This one finishes on its own 3 ms into the round: after the next write when the
-            // round does not wait, and while it waits when it does (10 tries, 1 ms apart).
-            reading = Some(tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(3)).await;
-                read.rollback().await.expect("end read");
-            }));
-            checkpoint_round(readers, writer, &lock, Some(&scratch.path), cap).await.expect("round");
+            // The reader before it, when the last round left it on, is done after this write,
+            // so the round copies every frame; this one stays on them.
+            end_reader().await;
+            *reading.lock().await = Some(read);
+            let between_tries = || async {
+                gave_up.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                end_reader().await;
+            };
+            checkpoint_round(readers, writer, &lock, Some(&scratch.path), cap, between_tries).await.expect("round");
             frames.push(scratch.wal_frames().await);
         }
-        if let Some(last) = reading {
-            last.await.expect("last reader");
-        }
+        end_reader().await;
         scratch.remove().await;
-        frames
+        (frames, gave_up.into_inner())
     }
 
     #[tokio::test]
     async fn the_checkpoint_starts_over_a_wal_that_a_reader_is_always_on() {
         let cap = 60;
-        let frames = wal_frames_under_readers_after_every_write(cap).await;
+        let (frames, gave_up) = wal_frames_under_readers_after_every_write(cap).await;
         let restarts = frames.windows(2).filter(|w| w[1] < w[0]).count();
         let most = frames.iter().copied().max().unwrap_or(0);
         // Never started over, the WAL holds every write's frames: 300 and more after 100 writes.
         assert!(
             restarts >= 2 && most < 3 * cap,
             "the WAL was started over past {cap} frames: {restarts} restarts, {most} frames at most ({frames:?})"
+        );
+        assert!(gave_up >= restarts, "each restart first found the reader on the WAL: {gave_up} gave up, {restarts} restarts");
+    }
+
+    #[tokio::test]
+    async fn without_a_bound_a_wal_that_a_reader_is_always_on_only_grows() {
+        let (frames, gave_up) = wal_frames_under_readers_after_every_write(i64::MAX).await;
+        let restarts = frames.windows(2).filter(|w| w[1] < w[0]).count();
+        let most = frames.iter().copied().max().unwrap_or(0);
+        assert!(
+            restarts == 0 && gave_up == 0 && most >= 300,
+            "SQLite never started the WAL over by itself: {restarts} restarts, {most} frames at most ({frames:?})"
         );
     }
 
