@@ -7,32 +7,14 @@
 //! A page that fails ends the job and pushes a new one after an exponential back-off; after
 //! the last attempt the fork becomes `failed` (`backfill_error`).
 
+pub use crate::jobs::BackfillJob;
 use crate::queue::{LiveState, BACKFILL_QUEUE};
 use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use offshoot_store::BackfillStep;
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BackfillJob {
-    pub fork_cid: String,
-    /// Attempts that failed in a row before this one.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub failures: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-impl BackfillJob {
-    pub fn new(fork_cid: &str) -> BackfillJob {
-        BackfillJob { fork_cid: fork_cid.to_string(), failures: 0 }
-    }
-}
 
 /// How backfills run and are retried.
 #[derive(Debug, Clone)]

@@ -35,6 +35,7 @@
 //! must not depend on axum, the API or the WebSocket crate.
 
 pub mod backfill;
+pub mod jobs;
 pub mod queue;
 pub mod record;
 pub mod webhooks;

@@ -2,8 +2,7 @@
 //! migrations, pushing jobs, and the few reads of apalis's tables that apalis has no API for
 //! (live jobs of a queue for the reconciler, counts per state, removing finished jobs).
 
-use crate::backfill::BackfillJob;
-use crate::webhooks::DeliveryJob;
+use crate::jobs::{BackfillJob, DeliveryJob};
 use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
 use apalis_postgres::PostgresStorage;
 use apalis_sqlite::SqliteStorage;

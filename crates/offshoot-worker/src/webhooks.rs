@@ -20,6 +20,7 @@
 //! spending an attempt; when it half-opens one delivery probes, and a success closes it. The
 //! circuit is kept per worker process. Other endpoints are never held back.
 
+pub use crate::jobs::DeliveryJob;
 use crate::queue::{ulid_of, QueueError};
 use crate::record::{self, Attempt};
 use crate::Shared;
@@ -31,7 +32,6 @@ use offshoot_core::render::{self, Dialect};
 use offshoot_core::time;
 use offshoot_store::{DeadLetterRecord, Store};
 use secrecy::ExposeSecret;
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -72,25 +72,6 @@ impl Default for WebhookPolicy {
             concurrency: 16,
         }
     }
-}
-
-/// One delivery of one event to one endpoint, as queued.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeliveryJob {
-    /// `X-Webhook-Id`: the same on every attempt and replay.
-    pub id: String,
-    pub url: String,
-    pub event_type: String,
-    pub seq: i64,
-    /// The exact body, rendered when the event was queued; every attempt sends it unchanged.
-    pub body: String,
-    /// 1-based number of this attempt (`X-Webhook-Attempt`).
-    pub attempt: u32,
-    /// When the retry window started (Unix nanoseconds).
-    pub window_start: i64,
-    /// Why the previous attempt failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
 }
 
 /// The delivery id of an event at an endpoint.
