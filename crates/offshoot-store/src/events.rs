@@ -280,9 +280,75 @@ pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio:
 /// commits: under a stream of commits a consumer reads every few of them at once instead of
 /// once per commit, and an event that comes alone is read at once. On PostgreSQL each read
 /// takes the outbox lock exclusively for a moment, which holds new writers back until the
-/// writers before it commit; at 750 sends a second the two consumers of a process read about
-/// once per send each (BENCHMARKS.md, tenth session).
+/// writers before it commit; at 750 sends a second the two consumers of a process, woken by
+/// every commit, read about once per send each (docs/performance.md, "Outbox on PostgreSQL").
 pub const OUTBOX_READ_GAP: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How often a consumer of the outbox reads it when no commit woke it (a lost notification, an
+/// event of another process on SQLite).
+const OUTBOX_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Store {
+    /// The pace of one consumer of the outbox (`what` names it in the log): see
+    /// [`OutboxFollower`].
+    pub fn follow_outbox(&self, what: &'static str) -> OutboxFollower {
+        OutboxFollower { notify: self.event_notify(), what, failing: false, read_at: tokio::time::Instant::now(), woken: None }
+    }
+}
+
+/// When one consumer of the outbox reads it: after every commit's wake-up
+/// ([`Store::event_notify`]), at most once per [`OUTBOX_READ_GAP`], and at least every
+/// [`OUTBOX_POLL`]. A consumer loops `while follower.next(stop).await { follower.read(..) }`.
+pub struct OutboxFollower {
+    notify: std::sync::Arc<tokio::sync::Notify>,
+    what: &'static str,
+    failing: bool,
+    read_at: tokio::time::Instant,
+    /// The wake-up registered before the last read (none before the first).
+    woken: Option<std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+}
+
+impl OutboxFollower {
+    /// Waits until the next read is due; false when `stop` resolved first. The first read is
+    /// due at once; each later one after a commit's wake-up or [`OUTBOX_POLL`], and no sooner
+    /// than [`OUTBOX_READ_GAP`] after the one before.
+    pub async fn next(&mut self, stop: impl std::future::Future<Output = ()>) -> bool {
+        if let Some(woken) = self.woken.as_mut() {
+            tokio::select! {
+                _ = stop => return false,
+                _ = woken => {}
+                _ = tokio::time::sleep(OUTBOX_POLL) => {}
+            }
+        }
+        // Registered before reading, so a commit during the read still wakes the next wait.
+        let mut woken = Box::pin(self.notify.clone().notified_owned());
+        woken.as_mut().enable();
+        self.woken = Some(woken);
+        // Paced: at most one read per gap while commits keep waking it.
+        tokio::time::sleep_until(self.read_at + OUTBOX_READ_GAP).await;
+        self.read_at = tokio::time::Instant::now();
+        true
+    }
+
+    /// Records how a read went: a failure is logged once as `"{what} failed; retrying"` (the
+    /// next wake-up tries again), and the first read that works after failures logs
+    /// `"{what} works again"`.
+    pub fn read<E: std::fmt::Display>(&mut self, outcome: std::result::Result<(), E>) {
+        let what = self.what;
+        match outcome {
+            Ok(()) if self.failing => {
+                self.failing = false;
+                tracing::info!("{what} works again");
+            }
+            Ok(()) => {}
+            Err(e) if !self.failing => {
+                self.failing = true;
+                tracing::error!(error = %e, "{what} failed; retrying");
+            }
+            Err(_) => {}
+        }
+    }
+}
 
 /// The advisory lock key of the outbox (writers shared, the horizon exclusive).
 const OUTBOX_LOCK: i64 = 7_261_001;

@@ -64,6 +64,7 @@
 //! This crate may depend on `offshoot-core` and sqlx; it must not depend on axum, the API, the
 //! worker or the WebSocket crates.
 
+mod backoff;
 mod batch;
 mod cache;
 mod channels;
@@ -86,11 +87,12 @@ mod users;
 mod visibility;
 mod writer;
 
+pub use backoff::{backoff, jittered};
 pub use channels::{ChannelFilter, ChannelUpdate, MemberInput, NewChannel, ReadMark, ReadState};
 pub use counted::count_statements;
 pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
-pub use events::{outbox_rows, OUTBOX_READ_GAP};
+pub use events::{outbox_rows, OutboxFollower, OUTBOX_READ_GAP};
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{Editor, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};
@@ -586,8 +588,7 @@ impl Store {
             match f().await {
                 Err(e) if e.is_retryable() && attempt < WRITE_ATTEMPTS => {
                     tracing::debug!(what, attempt, error = %e, "retrying a transaction that lost to a concurrent writer");
-                    let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0]) % 20;
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt) + jitter)).await;
+                    tokio::time::sleep(jittered(Duration::from_millis(5 * u64::from(attempt)), Duration::from_millis(19))).await;
                     attempt += 1;
                 }
                 other => return other,

@@ -94,7 +94,7 @@ async fn run(job: BackfillJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
                     shared.store.fail_backfill(cid, offshoot_core::fork::FAILED_BACKFILL_ERROR).await?;
                     return Ok(());
                 }
-                let delay = crate::backoff(policy.backoff_base, policy.backoff_max, failures);
+                let delay = offshoot_store::backoff(policy.backoff_base, policy.backoff_max, failures);
                 tracing::warn!(fork = cid, attempt = failures, retry_in_s = delay.as_secs(), error = %e, "backfill page failed; retrying later");
                 shared.pools.push_backfill(BackfillJob { fork_cid: cid.to_string(), failures }, delay).await?;
                 return Ok(());

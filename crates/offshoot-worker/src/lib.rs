@@ -344,33 +344,3 @@ async fn reconcile_loop(shared: Arc<Shared>, every: Duration, stall_after: Durat
         }
     }
 }
-
-/// The pause before attempt `failed + 1`: `base` doubled for each failure after the first, at
-/// most `max`, jittered to between half and all of that.
-pub fn backoff(base: Duration, max: Duration, failed: u32) -> Duration {
-    let exp = base.saturating_mul(1u32 << failed.saturating_sub(1).min(20)).min(max);
-    let half = exp / 2;
-    half + Duration::from_millis(random_below(half.as_millis() as u64 + 1))
-}
-
-/// A uniformly random number below `n` (`n` > 0).
-pub(crate) fn random_below(n: u64) -> u64 {
-    (uuid::Uuid::new_v4().as_u128() % n.max(1) as u128) as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter_in_the_upper_half() {
-        let (base, max) = (Duration::from_secs(2), Duration::from_secs(60));
-        for (failed, full) in [(1, 2), (2, 4), (3, 8), (5, 32), (6, 60), (40, 60)] {
-            for _ in 0..50 {
-                let d = backoff(base, max, failed);
-                let full = Duration::from_secs(full);
-                assert!(d >= full / 2 && d <= full, "attempt {failed}: {d:?} not within [{:?}, {full:?}]", full / 2);
-            }
-        }
-    }
-}
