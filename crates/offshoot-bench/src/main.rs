@@ -3,8 +3,8 @@
 //! For each backend (SQLite in a temporary file; PostgreSQL in fresh databases when the server
 //! at `OFFSHOOT_BENCH_PG_URL` is reachable) it starts the real server in a child process of its
 //! own (this executable, `serve` mode: `offshoot::run` on a loopback port), writes realistic
-//! agent conversations through the HTTP API (`seed.rs`), and prints the figures of issue 8
-//! (`BENCHMARKS.md` says how each is taken):
+//! agent conversations through the HTTP API (`seed.rs`), and prints the figures
+//! (BENCHMARKS.md, "Method", says how each is taken):
 //! - a. the synchronous fork on realistic sources of 1,000 and 50,000 messages (p50, ratio);
 //! - b. the backfill of a realistic 10,000-message source: time to `channel.forked` against the
 //!   floor (the database copying the same rows with the same v5 keys in one `INSERT … SELECT`);
@@ -14,8 +14,8 @@
 //! - e. agent streaming: concurrent streams of 20 partial updates/s with `ai_indicator` events;
 //! - f. the highest sustained send rate with p99 ≤ 50 ms, stepping the offered rate;
 //! - g. Query Channels for a user in 30 channels of 100 messages;
-//! - t. fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (issue 6's
-//!   figure, the one the apalis worker is compared on);
+//! - t. fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (the
+//!   figure the apalis worker is compared on);
 //! - the message-id lookup of 1,000 ids and webhook deliveries per second.
 //!
 //! The load generator is this process (reqwest and tokio-tungstenite); it raises its own
@@ -240,8 +240,8 @@ fn meminfo_kib(field: &str) -> Option<u64> {
 /// long it took. The figures that measure a latency under their own load (c, d, e, f) begin
 /// with it: the seeding and the figures before them write hundreds of MB, which the kernel
 /// writes back all at once when they are 30 s old; that fell inside c's windows and every
-/// commit waited 70–150 ms behind it (BENCHMARKS.md, twenty-second session), and inside f's
-/// second step, 30 s after c's backfills (twenty-third session). Each figure measures what its
+/// commit waited 70–150 ms behind it, and inside f's second step, 30 s after c's backfills
+/// (docs/performance.md, "Disk writeback and checkpoints"). Each figure measures what its
 /// own load costs, not what the one before it wrote; the writes of its own earlier steps still
 /// fall inside its later ones.
 pub async fn settle_disk(figure: &str) -> Result<()> {
@@ -254,7 +254,7 @@ pub async fn settle_disk(figure: &str) -> Result<()> {
 }
 
 /// The kernel's settings for writing back dirty pages, which decide how much a commit's flush
-/// can queue behind (BENCHMARKS.md, twenty-second and twenty-third sessions).
+/// can queue behind (docs/performance.md, "Disk writeback and checkpoints").
 fn writeback_settings() -> String {
     let read =
         |name: &str| std::fs::read_to_string(format!("/proc/sys/vm/{name}")).map(|v| v.trim().to_string()).unwrap_or_else(|_| "?".into());
@@ -518,9 +518,9 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
 /// task) against the floor. Returns a completed fork's id.
 async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, report: &mut Report) -> Result<String> {
     // Five of each unless `--quick`: the floor alone varied by 2.4× within one run of three
-    // (BENCHMARKS.md, nineteenth session). The forks first, then the floors: a floor right after
+    // (docs/performance.md, "Measuring on shared two-core machines"). The forks first, then the floors: a floor right after
     // each fork made both about a fifth slower on PostgreSQL (the other's writes still being
-    // flushed), and the figures no longer comparable with earlier runs.
+    // flushed), and the figures not comparable with other runs.
     let reps = if args.quick { args.reps } else { args.reps.max(B_REPS) };
     let cpu = cpu::Mark::now();
     let done = to_completion(&server.api, source, reps, "full").await?;
@@ -583,8 +583,8 @@ async fn to_completion(api: &Api, source: &seed::Source, reps: usize, label: &st
 }
 
 /// t. Fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (the last
-/// one copies the 10,000 the cap allows): the figure the first round's benchmark printed for
-/// synthetic sources, kept so that worker changes can be compared run against run.
+/// one copies the 10,000 the cap allows): the figure that
+/// compares worker changes run against run.
 async fn completion_sizes(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
     for n in [1_000, args.mid, args.big] {
         let source = seed::source(api, &format!("t-{n}"), n, SEED_CONCURRENCY).await?;

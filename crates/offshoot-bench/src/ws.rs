@@ -295,7 +295,7 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
         let body = json!({"message": {"id": id, "text": "one message to a thousand watchers", "user_id": seed::AGENTS[0]}});
         // An untimed request first: the first request after the 1,000 watch calls took about
         // 300 ms whatever it was (a channel query too), while the server logged it as a few ms
-        // (BENCHMARKS.md, "d: the first request after the watch calls"); the figure is the
+        // (docs/performance.md, "Measuring on shared two-core machines"); the figure is the
         // fan-out's. Its time is printed.
         let w0 = Instant::now();
         api.post("/channels/agent/room-0/query", &json!({"state": false})).await?;
@@ -386,8 +386,8 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
     let rss_busy = server.rss_kib().unwrap_or(0);
     report.add(format!("d. server RSS after the fan-out runs: {:.1} MiB", rss_busy as f64 / 1024.0));
     // The server removes each closed connection's presence records, a write transaction per
-    // connection: timed here, and e starts only once they are gone (it used to start during
-    // them and measured the server busy with them, BENCHMARKS.md).
+    // connection: timed here, and e starts only once they are gone (started during them, e measures the
+    // server busy with them: docs/performance.md, "Measuring on shared two-core machines").
     let n = clients.len();
     let started = Instant::now();
     disconnect(clients);

@@ -2,7 +2,7 @@
 //! message twenty times a second, and a busy app sends hundreds of messages a second; each
 //! write alone is a transaction of its own (lock, read, write, outbox, commit and its disk
 //! flush), and two cores ran out at about 1,000 updates or 750 sends a second (BENCHMARKS.md,
-//! figures e and f). Here the writes that arrive while earlier ones are being written wait in a
+//! "Method", figures e and f; docs/performance.md, "Group commit"). Here the writes that arrive while earlier ones are being written wait in a
 //! queue of their kind and are written together, in one transaction, by the next free writer:
 //! a lone write is written at once, a stream of them in groups whose size follows the load.
 //!

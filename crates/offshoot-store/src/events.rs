@@ -33,8 +33,8 @@ pub(crate) struct Queued {
 /// A `notification.*` event stored in the row of the channel event it repeats: a send's
 /// `notification.message_new` is its `message.new` with the channel, for the members who do
 /// not watch the channel. Written as two rows, each send stored its message twice, and the
-/// outbox was most of what the database wrote under chat traffic (BENCHMARKS.md,
-/// twenty-second session). What the notification carries is derived from the event by
+/// outbox was most of what the database wrote under chat traffic (docs/performance.md,
+/// "Outbox rows and compression"). What the notification carries is derived from the event by
 /// [`Note::event`], the one rule for both the rows read back and the events kept in memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Note {
@@ -173,7 +173,7 @@ const RECENT_BYTES: usize = 16 << 20;
 /// This process's consumers (the WebSocket fan-out, the webhook relay) take them from here
 /// instead of reading back and parsing what was just written: an agent's streamed answer is
 /// thousands of `message.updated` events a second, each carrying the whole message
-/// (BENCHMARKS.md, nineteenth and twenty-fifth sessions). Only an unbroken run of `seq` right
+/// (docs/performance.md, "Outbox events from memory"). Only an unbroken run of `seq` right
 /// after a consumer's cursor is served from here; anything else (an event another process or
 /// store wrote, a number a rolled-back transaction drew, one pushed out by newer ones, one whose
 /// transaction has not committed yet) is read from the database. Every kept row committed, so
@@ -363,7 +363,7 @@ const OUTBOX_LOCK: i64 = 7_261_001;
 /// The consumers of a process share the reads: a caller takes the result of a read that
 /// started after it asked (it covers every commit the caller could have been woken by), and
 /// otherwise starts one, one at a time. Both consumers of a process are woken by the same
-/// commits, and each read holds new writers back for a moment (BENCHMARKS.md, twelfth session).
+/// commits, and each read holds new writers back for a moment (docs/performance.md, "Outbox on PostgreSQL").
 async fn outbox_horizon(store: &Store) -> Result<Option<i64>> {
     if store.backend() != Backend::Postgres {
         return Ok(None);

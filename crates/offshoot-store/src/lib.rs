@@ -258,7 +258,7 @@ pub struct Store {
     /// plans on both engines, and on PostgreSQL backfill pages too (SQLite's pages queue on its
     /// write lock instead). A page or a plan is one busy database process or connection thread
     /// for tens of milliseconds; four at once on two cores left requests' statements queueing
-    /// for a core (BENCHMARKS.md, figure c).
+    /// for a core (docs/performance.md, "SQLite writer and backfill pages").
     background_turns: Arc<Semaphore>,
     /// SQLite: the one connection this process's write transactions run on (see
     /// [`Store::begin_with`]); `None` on PostgreSQL, whose writers use `pool`.
@@ -316,7 +316,7 @@ impl Tx {
     /// On PostgreSQL, plans every further statement of this transaction with its values (one
     /// statement: `SET LOCAL`). For the fork's statements: a generic plan cannot see that
     /// `cid = $1` picks one channel among many of very different sizes, and scanned whole
-    /// indexes (BENCHMARKS.md, "Reading the figures" of the first round).
+    /// indexes (docs/performance.md, "PostgreSQL without statistics").
     pub(crate) async fn custom_plans(&mut self) -> Result<()> {
         if self.backend == Backend::Postgres {
             custom_plans(&mut self.tx).await?;
@@ -379,7 +379,7 @@ impl Store {
                             // generic plan once it is no dearer than the custom ones): the hot
                             // writes and reads are key lookups whose plan does not depend on the
                             // values, and planning them on every execution was a third of the
-                            // database's time under load (BENCHMARKS.md, tenth session). The
+                            // database's time under load (docs/performance.md, "Send path on PostgreSQL"). The
                             // fork's statements, whose plans do, run under
                             // [`Tx::custom_plans`].
                             // Every hot read here is a keyset page of one channel or thread
@@ -388,13 +388,14 @@ impl Store {
                             // statistics (autovacuum off, or not yet run after a bulk write)
                             // PostgreSQL assumes a channel is a few rows and picks a bitmap scan
                             // that reads and sorts the whole channel instead: 0.3 ms became
-                            // 50–500 ms on a 50,000-message channel (BENCHMARKS.md).
+                            // 50–500 ms on a 50,000-message channel (docs/performance.md,
+                            // "PostgreSQL without statistics").
                             conn.execute("SET enable_bitmapscan = off").await?;
                             // No JIT: every statement here reads or writes a few rows, but
                             // without statistics the planner prices the 30-channel unions of
                             // Query Channels above `jit_above_cost`, and compiling them took
-                            // 300–380 ms per statement, 20 times the query (BENCHMARKS.md,
-                            // "Query Channels after a day's data: JIT").
+                            // 300–380 ms per statement, 20 times the query (docs/performance.md,
+                            // "PostgreSQL without statistics").
                             conn.execute("SET jit = off").await?;
                             Ok(())
                         })
@@ -555,7 +556,7 @@ impl Store {
     /// meets only the short writes of apalis's own pool (job rows) or of another process, and
     /// is tried again every millisecond for up to [`sqlite::SQLITE_BUSY_WAIT`]. SQLite's own busy handler
     /// sleeps 1, 2, 5, 10, … ms between tries, so a request that met a job-row write of a
-    /// millisecond slept for up to 8 ms while holding the write lock (BENCHMARKS.md, issue 6).
+    /// millisecond slept for up to 8 ms while holding the write lock (docs/performance.md, "SQLite writer and backfill pages").
     async fn begin_with(&self, guard: Option<Turn>) -> Result<Tx> {
         let tx = match &self.writer {
             Some(writer) => {

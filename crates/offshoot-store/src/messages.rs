@@ -46,7 +46,7 @@ pub enum PageDir {
 /// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first. SQLite is told to
 /// use the index of pins (`message_pinned`, migration 0009): without statistics it preferred
 /// the channel's `created_at` index for the visibility's `created_at > …` and walked every
-/// message of the channel (BENCHMARKS.md, seventh session). PostgreSQL made the same choice
+/// message of the channel (docs/performance.md, "Query Channels"). PostgreSQL made the same choice
 /// for Query Channels' pins, whose truncations it cannot see; the index of pins holds
 /// `created_at` too (migration 0013, both engines), which it then prefers.
 pub(crate) fn pins_sql(backend: Backend, cid: &str, vis: &str, limit: i64) -> String {

@@ -3,8 +3,8 @@
 //! in one, the messages its replies and quotes name in one, its rows inserted in one, the unread
 //! counters in one, its channels recorded in one, its recipients' totals in one, its events in
 //! one. Written one by one in one transaction, a group held its channels' locks for five round
-//! trips per message and PostgreSQL sustained fewer sends than without groups (BENCHMARKS.md,
-//! twelfth session).
+//! trips per message and PostgreSQL sustained fewer sends than without groups (docs/performance.md,
+//! "Group commit").
 //!
 //! Each send is checked as a lone send is ([`Store::send_message_once`], the same checks in the
 //! same order, with the same errors), and a refused send writes nothing: its checks come before

@@ -182,7 +182,7 @@ fn cid_arguments(cids: &[String]) -> Result<sqlx::any::AnyArguments> {
 /// `n` channels bound as `$1 … $n`. PostgreSQL: one `LATERAL` subquery over a `VALUES` list of
 /// the cids, planned once; a `UNION ALL` of `n` copies was planned copy by copy on every
 /// execution (plans are made per execution here, `Store::connect`), 4–9 ms per statement for 30
-/// channels, more than running it (BENCHMARKS.md, "Query Channels: planning"). SQLite has no
+/// channels, more than running it (docs/performance.md, "Query Channels"). SQLite has no
 /// `LATERAL` and plans a union in microseconds: the union.
 fn per_channel(backend: Backend, n: usize, each: impl Fn(&str) -> String) -> String {
     match backend {

@@ -148,7 +148,7 @@ impl Queue {
 /// worker's future, so every wake-up of a handler (each database reply of a backfill page) also
 /// polled the worker's queue, which fetched again each time: hundreds of empty fetches a second
 /// (`get_jobs` on PostgreSQL, an `UPDATE` of `Jobs` on SQLite) competing with the backfill for
-/// the CPU (BENCHMARKS.md, issue 6). On its own task the work wakes the worker once, when it ends.
+/// the CPU (docs/performance.md, "Worker (apalis)"). On its own task the work wakes the worker once, when it ends.
 pub(crate) async fn on_own_task<F>(work: F) -> Result<(), apalis::prelude::BoxDynError>
 where
     F: std::future::Future<Output = Result<(), apalis::prelude::BoxDynError>> + Send + 'static,

@@ -413,8 +413,8 @@ mod tests {
         }
     }
 
-    /// The lost wake-up behind a fork that waited for the next poll (BENCHMARKS.md, ninth
-    /// session): apalis may not poll the strategy again after it yielded, so the push that
+    /// The lost wake-up behind a fork that waited for the next poll (docs/performance.md,
+    /// "Worker (apalis)"): apalis may not poll the strategy again after it yielded, so the push that
     /// follows must wake the task that polled last without another poll in between.
     #[tokio::test]
     async fn a_push_wakes_the_last_polling_task_without_another_poll_after_a_yield() {

@@ -101,7 +101,7 @@ const CURSOR_LAG: Duration = Duration::from_secs(1);
 /// The relay's place in the outbox. Events that queue no delivery (no endpoint, or none for
 /// their type) move it in memory only, and it is stored at most every [`CURSOR_LAG`]: storing
 /// it is a write transaction, and one per batch of such events was a fifth of the write
-/// transactions of agent streaming on SQLite (BENCHMARKS.md, seventh session). Events read
+/// transactions of agent streaming on SQLite (docs/performance.md, "Worker (apalis)"). Events read
 /// again after a restart queue nothing again; a delivery is stored before the events that
 /// follow it are read.
 #[derive(Default)]
