@@ -21,23 +21,16 @@ const WORDS: &str = "the agent reads the logs and explains step by step how to c
 what the metrics say and how to roll back safely if the migration fails halfway through the night shift while the user asks \
 follow up questions about costs latency retries and whether the cache should be warmed before traffic is switched over";
 
-/// A small deterministic generator (xorshift), so every run writes the same history.
-pub struct Rng(u64);
+/// A seeded generator, so every run writes the same history.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Rng(fastrand::Rng::with_seed(seed))
     }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
+    /// A number below `n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.usize(..n)
     }
 }
 
