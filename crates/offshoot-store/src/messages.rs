@@ -1322,7 +1322,35 @@ pub(crate) async fn hydrate_messages_of(
     let mut ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
     ids.sort();
     ids.dedup();
-    // Quoted messages (one level), hidden when not visible or deleted.
+    let quoted = visible_quotes(conn, msgs, viewer, truncated_at).await?;
+    let reactions = reactions_of(conn, &ids).await?;
+    let participants = thread_participants(conn, msgs).await?;
+    let users = load_users(conn, &users_named(msgs, &quoted, &reactions, &participants)).await?;
+    let user_of = |id: &str| users.get(id).cloned().unwrap_or_else(|| User::placeholder(id, "user"));
+    let own = viewer.user_id();
+    for m in msgs.iter_mut() {
+        m.user = Some(user_of(&m.user_id));
+        m.mentioned_user_objects = m.mentioned_users.iter().map(|u| user_of(u)).collect();
+        if let Some(qid) = &m.quoted_message_id {
+            m.quoted_message = quoted.get(qid).cloned().map(|mut q| {
+                q.user = Some(user_of(&q.user_id));
+                Box::new(q)
+            });
+        }
+        fill_reactions(m, reactions.get(&m.id).map(Vec::as_slice).unwrap_or_default(), own, &user_of);
+        m.thread_participants = participants.get(&m.id).map(|ps| ps.iter().map(|p| user_of(p)).collect()).unwrap_or_default();
+    }
+    Ok(())
+}
+
+/// The messages `msgs` quote (one level), by id: those deleted or not visible to `viewer` left
+/// out.
+async fn visible_quotes(
+    conn: &mut AnyConnection,
+    msgs: &[Message],
+    viewer: &Viewer,
+    truncated_at: &(dyn Fn(&str) -> Option<i64> + Sync),
+) -> Result<HashMap<String, Message>> {
     let mut quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
     quoted_ids.sort();
     quoted_ids.dedup();
@@ -1332,7 +1360,11 @@ pub(crate) async fn hydrate_messages_of(
             quoted.insert(m.id.clone(), m);
         }
     }
-    // Reactions.
+    Ok(quoted)
+}
+
+/// The reactions of the messages `ids` (each once), newest first, by message id.
+async fn reactions_of(conn: &mut AnyConnection, ids: &[String]) -> Result<HashMap<String, Vec<Reaction>>> {
     let backend = rows::backend_of(conn);
     let mut reactions: HashMap<String, Vec<Reaction>> = HashMap::new();
     for chunk in ids.chunks(300) {
@@ -1346,7 +1378,13 @@ pub(crate) async fn hydrate_messages_of(
             reactions.entry(r.message_id.clone()).or_default().push(r);
         }
     }
-    // Thread participants.
+    Ok(reactions)
+}
+
+/// The users who replied in the threads of `msgs` (those with replies), by parent id, in the
+/// order of their first reply.
+async fn thread_participants(conn: &mut AnyConnection, msgs: &[Message]) -> Result<HashMap<String, Vec<String>>> {
+    let backend = rows::backend_of(conn);
     let mut parents: Vec<String> = msgs.iter().filter(|m| m.reply_count > 0).map(|m| m.id.clone()).collect();
     parents.sort();
     parents.dedup();
@@ -1369,8 +1407,19 @@ pub(crate) async fn hydrate_messages_of(
             participants.entry(parent_id).or_default().push(user_id);
         }
     }
+    Ok(participants)
+}
+
+/// Every user the hydrated messages name: authors, mentions, pinners, quoted authors, reactors
+/// and thread participants.
+fn users_named(
+    msgs: &[Message],
+    quoted: &HashMap<String, Message>,
+    reactions: &HashMap<String, Vec<Reaction>>,
+    participants: &HashMap<String, Vec<String>>,
+) -> Vec<String> {
     let mut user_ids: HashSet<String> = HashSet::new();
-    for m in msgs.iter() {
+    for m in msgs {
         user_ids.insert(m.user_id.clone());
         user_ids.extend(m.mentioned_users.iter().cloned());
         if let Some(p) = &m.pinned_by_id {
@@ -1386,41 +1435,30 @@ pub(crate) async fn hydrate_messages_of(
     for ps in participants.values() {
         user_ids.extend(ps.iter().cloned());
     }
-    let users = load_users(conn, &user_ids.into_iter().collect::<Vec<_>>()).await?;
-    let user_of = |id: &str| users.get(id).cloned().unwrap_or_else(|| User::placeholder(id, "user"));
-    let own = viewer.user_id().map(str::to_string);
-    for m in msgs.iter_mut() {
-        m.user = Some(user_of(&m.user_id));
-        m.mentioned_user_objects = m.mentioned_users.iter().map(|u| user_of(u)).collect();
-        if let Some(qid) = &m.quoted_message_id {
-            m.quoted_message = quoted.get(qid).cloned().map(|mut q| {
-                q.user = Some(user_of(&q.user_id));
-                Box::new(q)
-            });
+    user_ids.into_iter().collect()
+}
+
+/// Sets the reaction counts, scores, latest ten and `own` (the viewer's) reactions of `m` from
+/// its reactions `rs` (newest first).
+fn fill_reactions(m: &mut Message, rs: &[Reaction], own: Option<&str>, user_of: &impl Fn(&str) -> User) {
+    m.reaction_counts.clear();
+    m.reaction_scores.clear();
+    m.latest_reactions.clear();
+    m.own_reactions.clear();
+    for r in rs {
+        let c = m.reaction_counts.entry(r.kind.clone()).or_insert(0.into());
+        *c = (c.as_i64().unwrap_or(0) + 1).into();
+        let s = m.reaction_scores.entry(r.kind.clone()).or_insert(0.into());
+        *s = (s.as_i64().unwrap_or(0) + r.score).into();
+        let mut r = r.clone();
+        r.user = Some(user_of(&r.user_id));
+        if own == Some(r.user_id.as_str()) {
+            m.own_reactions.push(r.clone());
         }
-        m.reaction_counts.clear();
-        m.reaction_scores.clear();
-        m.latest_reactions.clear();
-        m.own_reactions.clear();
-        if let Some(rs) = reactions.get(&m.id) {
-            for r in rs {
-                let c = m.reaction_counts.entry(r.kind.clone()).or_insert(0.into());
-                *c = (c.as_i64().unwrap_or(0) + 1).into();
-                let s = m.reaction_scores.entry(r.kind.clone()).or_insert(0.into());
-                *s = (s.as_i64().unwrap_or(0) + r.score).into();
-                let mut r = r.clone();
-                r.user = Some(user_of(&r.user_id));
-                if own.as_deref() == Some(r.user_id.as_str()) {
-                    m.own_reactions.push(r.clone());
-                }
-                if m.latest_reactions.len() < 10 {
-                    m.latest_reactions.push(r);
-                }
-            }
+        if m.latest_reactions.len() < 10 {
+            m.latest_reactions.push(r);
         }
-        m.thread_participants = participants.get(&m.id).map(|ps| ps.iter().map(|p| user_of(p)).collect()).unwrap_or_default();
     }
-    Ok(())
 }
 
 /// A change of a stored message, given its channel as locked (it may run more than once: a
