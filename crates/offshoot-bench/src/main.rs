@@ -124,7 +124,7 @@ struct Cli {
     /// Repetitions of each fork-to-completion run (3, 1 with --quick).
     #[arg(long)]
     reps: Option<usize>,
-    /// Idle WebSocket clients of figure d (10,000, 2,000 with --quick; at least 1,100).
+    /// Idle WebSocket clients of figure d (10,000, 2,000 with --quick; at least 2,000).
     #[arg(long)]
     clients: Option<usize>,
     /// The offered send rates of figure f, stepped up in order (R,R,…).
@@ -179,7 +179,7 @@ fn parse_args(argv: impl Iterator<Item = String>) -> Result<Args> {
     ensure!(args.forks >= 5 && args.forks + 5 <= 100, "--forks must be between 5 and 95 (100 forks per source at most)");
     ensure!(args.reps >= 1, "--reps must be positive");
     ensure!(args.g_queries != Some(0), "--g-queries must be positive");
-    ensure!(args.clients >= 1_100, "--clients must be at least 1,100 (1,000 watchers of one channel and 100 × 10 more)");
+    ensure!(args.clients >= 2_000, "--clients must be at least 2,000 (1,000 watchers of one channel and 100 × 10 more)");
     Ok(args)
 }
 
