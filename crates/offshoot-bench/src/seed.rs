@@ -199,10 +199,7 @@ async fn send_all(api: &Api, path: &str, reqs: Vec<Req>, concurrency: usize) -> 
         .buffer_unordered(concurrency)
         .collect()
         .await;
-    for r in results {
-        r?;
-    }
-    Ok(())
+    results.into_iter().try_for_each(|r| r.map(drop))
 }
 
 /// The fork point: the newest visible top-level message as the channel reads it. The
