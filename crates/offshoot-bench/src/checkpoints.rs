@@ -1,9 +1,8 @@
 //! Where PostgreSQL's checkpoints fell during a backend's figures. After a checkpoint starts,
 //! the first change of every page writes a whole page image to the WAL, and a spread
-//! checkpoint writes for minutes beside the figures: in the twentieth session's full runs,
-//! figure c's sends on PostgreSQL were 5–7 times slower than the same figure alone with a
-//! checkpoint running (BENCHMARKS.md, twentieth session 4; the twenty-first found a stall of c
-//! with none). The report counts the checkpoints by cause and names each completed one by its
+//! checkpoint writes for minutes beside the figures: in full runs, figure c's sends on
+//! PostgreSQL were 5–7 times slower with a checkpoint running than the same figure alone
+//! (docs/performance.md, "Disk writeback and checkpoints"; a stall of c also happens with none). The report counts the checkpoints by cause and names each completed one by its
 //! span, so a figure's lines (each stamped with the time of day) can be set against them.
 //!
 //! `pg_stat_bgwriter` counts the checkpoints by cause; the control file's `checkpoint_time` (when

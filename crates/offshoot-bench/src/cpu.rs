@@ -1,7 +1,7 @@
 //! The machine's CPU over a figure's measurement, from `/proc/stat`: how busy its cores were and
 //! how much of their time the host took for other guests ("steal", on a virtual machine). The
 //! same code gave figures apart by a factor of ten from one hour to the next on these machines
-//! (BENCHMARKS.md); a figure printed with the steal beside it says which part of that is the
+//! (docs/performance.md, "Measuring on shared two-core machines"); a figure printed with the steal beside it says which part of that is the
 //! machine. Prints nothing where `/proc/stat` cannot be read.
 
 /// The cores' time so far, in the kernel's ticks, summed over all cores.

@@ -3,8 +3,8 @@
 //! For each backend (SQLite in a temporary file; PostgreSQL in fresh databases when the server
 //! at `OFFSHOOT_BENCH_PG_URL` is reachable) it starts the real server in a child process of its
 //! own (this executable, `serve` mode: `offshoot::run` on a loopback port), writes realistic
-//! agent conversations through the HTTP API (`seed.rs`), and prints the figures of issue 8
-//! (`BENCHMARKS.md` says how each is taken):
+//! agent conversations through the HTTP API (`seed.rs`), and prints the figures
+//! (BENCHMARKS.md, "Method", says how each is taken):
 //! - a. the synchronous fork on realistic sources of 1,000 and 50,000 messages (p50, ratio);
 //! - b. the backfill of a realistic 10,000-message source: time to `channel.forked` against the
 //!   floor (the database copying the same rows with the same v5 keys in one `INSERT … SELECT`);
@@ -14,8 +14,8 @@
 //! - e. agent streaming: concurrent streams of 20 partial updates/s with `ai_indicator` events;
 //! - f. the highest sustained send rate with p99 ≤ 50 ms, stepping the offered rate;
 //! - g. Query Channels for a user in 30 channels of 100 messages;
-//! - t. fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (issue 6's
-//!   figure, the one the apalis worker is compared on);
+//! - t. fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (the
+//!   figure the apalis worker is compared on);
 //! - the message-id lookup of 1,000 ids and webhook deliveries per second.
 //!
 //! The load generator is this process (reqwest and tokio-tungstenite); it raises its own
@@ -29,7 +29,7 @@ mod seed;
 mod server;
 mod ws;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use server::{Api, Db, Server};
@@ -100,74 +100,86 @@ impl Args {
     }
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args> {
-    let mut args = Args {
-        backends: vec![Backend::Sqlite, Backend::Postgres],
-        only: "abcdefgltw".into(),
-        quick: false,
-        forks: 40,
-        reps: 3,
-        big: 50_000,
-        mid: 10_000,
-        clients: 10_000,
-        step_secs: 10.0,
-        rates: vec![100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0],
-        f_step: None,
-        g_queries: None,
-        streams: None,
-        pg_url: std::env::var("OFFSHOOT_BENCH_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string()),
+/// The command line (`--help` prints it).
+#[derive(clap::Parser)]
+#[command(
+    name = "offshoot-bench",
+    about = "The Offshoot benchmark: prints the figures BENCHMARKS.md reports",
+    after_help = "PostgreSQL: --pg-url or OFFSHOOT_BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432/postgres); fresh databases are created there and dropped.\n\
+                  --quick: small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps; a flag given explicitly wins over it."
+)]
+struct Cli {
+    /// Small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps.
+    #[arg(long)]
+    quick: bool,
+    /// The backends to measure.
+    #[arg(long, value_enum, default_value = "all")]
+    backend: BackendChoice,
+    /// The figures to take: letters of abcdefgltw.
+    #[arg(long, default_value = "abcdefgltw")]
+    only: String,
+    /// Measured forks per source for figure a (5–95; 40, 10 with --quick).
+    #[arg(long)]
+    forks: Option<usize>,
+    /// Repetitions of each fork-to-completion run (3, 1 with --quick).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Idle WebSocket clients of figure d (10,000, 2,000 with --quick; at least 2,000).
+    #[arg(long)]
+    clients: Option<usize>,
+    /// The offered send rates of figure f, stepped up in order (R,R,…).
+    #[arg(long, value_delimiter = ',')]
+    rates: Option<Vec<f64>>,
+    /// Seconds of each step of figure f.
+    #[arg(long = "f-step-secs")]
+    f_step_secs: Option<f64>,
+    /// The Query Channels requests figure g measures (100, 20 with --quick).
+    #[arg(long)]
+    g_queries: Option<usize>,
+    /// The numbers of concurrent streams of figure e (N,N,…).
+    #[arg(long, value_delimiter = ',')]
+    streams: Option<Vec<usize>>,
+    /// The PostgreSQL server the benchmark creates its databases on.
+    #[arg(long, env = "OFFSHOOT_BENCH_PG_URL", hide_env_values = true, default_value = DEFAULT_PG_URL)]
+    pg_url: String,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BackendChoice {
+    Sqlite,
+    Postgres,
+    All,
+}
+
+/// The run's settings: each flag given, else its default (the smaller one with `--quick`).
+fn parse_args(argv: impl Iterator<Item = String>) -> Result<Args> {
+    let cli = <Cli as clap::Parser>::parse_from(std::iter::once("offshoot-bench".to_string()).chain(argv));
+    let quick = cli.quick;
+    let pick = |given: Option<usize>, full: usize, small: usize| given.unwrap_or(if quick { small } else { full });
+    let args = Args {
+        backends: match cli.backend {
+            BackendChoice::Sqlite => vec![Backend::Sqlite],
+            BackendChoice::Postgres => vec![Backend::Postgres],
+            BackendChoice::All => vec![Backend::Sqlite, Backend::Postgres],
+        },
+        only: cli.only,
+        quick,
+        forks: pick(cli.forks, 40, 10),
+        reps: pick(cli.reps, 3, 1),
+        big: if quick { 10_000 } else { 50_000 },
+        mid: if quick { 3_000 } else { 10_000 },
+        clients: pick(cli.clients, 10_000, 2_000),
+        step_secs: if quick { 3.0 } else { 10.0 },
+        rates: cli.rates.unwrap_or_else(|| vec![100.0, 250.0, 500.0, 750.0, 1_000.0, 1_250.0, 1_500.0, 2_000.0, 3_000.0]),
+        f_step: cli.f_step_secs,
+        g_queries: cli.g_queries,
+        streams: cli.streams,
+        pg_url: cli.pg_url,
     };
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--backend" => {
-                args.backends = match value()?.as_str() {
-                    "sqlite" => vec![Backend::Sqlite],
-                    "postgres" => vec![Backend::Postgres],
-                    "all" => vec![Backend::Sqlite, Backend::Postgres],
-                    other => bail!("unknown backend {other:?}: sqlite, postgres or all"),
-                }
-            }
-            "--quick" => {
-                args.quick = true;
-                args.forks = 10;
-                args.reps = 1;
-                args.big = 10_000;
-                args.mid = 3_000;
-                args.clients = 2_000;
-                args.step_secs = 3.0;
-            }
-            "--only" => args.only = value()?,
-            "--forks" => args.forks = value()?.parse().context("--forks")?,
-            "--reps" => args.reps = value()?.parse().context("--reps")?,
-            "--clients" => args.clients = value()?.parse().context("--clients")?,
-            "--f-step-secs" => args.f_step = Some(value()?.parse().context("--f-step-secs")?),
-            "--g-queries" => args.g_queries = Some(value()?.parse().context("--g-queries")?),
-            "--rates" => {
-                args.rates =
-                    value()?.split(',').map(|r| r.trim().parse::<f64>()).collect::<std::result::Result<_, _>>().context("--rates")?
-            }
-            "--streams" => {
-                args.streams = Some(
-                    value()?.split(',').map(|r| r.trim().parse::<usize>()).collect::<std::result::Result<_, _>>().context("--streams")?,
-                )
-            }
-            "--pg-url" => args.pg_url = value()?,
-            "-h" | "--help" => {
-                println!(
-                    "usage: offshoot-bench [--quick] [--backend sqlite|postgres|all] [--only abcdefgltw] [--forks N] [--reps N] [--clients N] [--rates R,R…] [--f-step-secs S] [--g-queries N] [--streams N,N…] [--pg-url URL]\n\
-                     PostgreSQL: --pg-url or OFFSHOOT_BENCH_PG_URL (default {DEFAULT_PG_URL}); fresh databases are created there and dropped.\n\
-                     --quick: small sources (10,000 / 3,000), 2,000 WebSocket clients, 3 s steps."
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?} (try --help)"),
-        }
-    }
     ensure!(args.forks >= 5 && args.forks + 5 <= 100, "--forks must be between 5 and 95 (100 forks per source at most)");
     ensure!(args.reps >= 1, "--reps must be positive");
     ensure!(args.g_queries != Some(0), "--g-queries must be positive");
-    ensure!(args.clients >= 1_100, "--clients must be at least 1,100 (1,000 watchers of one channel and 100 × 10 more)");
+    ensure!(args.clients >= 2_000, "--clients must be at least 2,000 (1,000 watchers of one channel and 100 × 10 more)");
     Ok(args)
 }
 
@@ -198,15 +210,18 @@ pub fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// Nearest-rank percentile of a sample (zero when it is empty).
+/// Percentile of a sample (zero when it is empty), from an HDR histogram of it in microseconds
+/// to three significant digits.
 pub fn percentile(sample: &[Duration], p: f64) -> Duration {
-    if sample.is_empty() {
+    // From 1 µs to an hour; longer values count as an hour.
+    let Ok(mut h) = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3) else { return Duration::ZERO };
+    for d in sample {
+        h.saturating_record(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+    if h.is_empty() {
         return Duration::ZERO;
     }
-    let mut s = sample.to_vec();
-    s.sort();
-    let rank = ((p / 100.0) * s.len() as f64).ceil().max(1.0) as usize;
-    s[rank.min(s.len()) - 1]
+    Duration::from_micros(h.value_at_quantile(p / 100.0))
 }
 
 pub fn median(sample: &[Duration]) -> Duration {
@@ -222,30 +237,28 @@ pub fn goal(met: bool) -> &'static str {
 }
 
 fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu =
-        cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(str::trim).unwrap_or("unknown CPU");
+    let cpuinfo = <procfs::CpuInfo as procfs::Current>::current().ok();
+    let cpu = cpuinfo.as_ref().and_then(|c| c.model_name(0)).unwrap_or("unknown CPU");
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let mem_kb = meminfo_kib("MemTotal:").unwrap_or(0);
+    let mem_kb = meminfo_kib(|m| m.mem_total).unwrap_or(0);
     format!("{cores} cores ({cpu}), {:.1} GiB memory, {}", mem_kb as f64 / 1024.0 / 1024.0, std::env::consts::OS)
 }
 
-/// One field of `/proc/meminfo` (`"Dirty:"`), in KiB.
-fn meminfo_kib(field: &str) -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    meminfo.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+/// One field of `/proc/meminfo`, in KiB.
+fn meminfo_kib(field: impl Fn(&procfs::Meminfo) -> u64) -> Option<u64> {
+    <procfs::Meminfo as procfs::Current>::current().ok().map(|m| field(&m) / 1024)
 }
 
 /// Has the kernel write back every dirty page (`sync`) and prints how much there was and how
 /// long it took. The figures that measure a latency under their own load (c, d, e, f) begin
 /// with it: the seeding and the figures before them write hundreds of MB, which the kernel
 /// writes back all at once when they are 30 s old; that fell inside c's windows and every
-/// commit waited 70–150 ms behind it (BENCHMARKS.md, twenty-second session), and inside f's
-/// second step, 30 s after c's backfills (twenty-third session). Each figure measures what its
+/// commit waited 70–150 ms behind it, and inside f's second step, 30 s after c's backfills
+/// (docs/performance.md, "Disk writeback and checkpoints"). Each figure measures what its
 /// own load costs, not what the one before it wrote; the writes of its own earlier steps still
 /// fall inside its later ones.
 pub async fn settle_disk(figure: &str) -> Result<()> {
-    let dirty = meminfo_kib("Dirty:").unwrap_or(0);
+    let dirty = meminfo_kib(|m| m.dirty).unwrap_or(0);
     let started = Instant::now();
     let status = tokio::task::spawn_blocking(|| std::process::Command::new("sync").status()).await??;
     ensure!(status.success(), "sync failed: {status}");
@@ -254,7 +267,7 @@ pub async fn settle_disk(figure: &str) -> Result<()> {
 }
 
 /// The kernel's settings for writing back dirty pages, which decide how much a commit's flush
-/// can queue behind (BENCHMARKS.md, twenty-second and twenty-third sessions).
+/// can queue behind (docs/performance.md, "Disk writeback and checkpoints").
 fn writeback_settings() -> String {
     let read =
         |name: &str| std::fs::read_to_string(format!("/proc/sys/vm/{name}")).map(|v| v.trim().to_string()).unwrap_or_else(|_| "?".into());
@@ -270,7 +283,7 @@ fn writeback_settings() -> String {
 }
 
 fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next().map(str::to_string)).unwrap_or_default()
+    <procfs::LoadAverage as procfs::Current>::current().map(|l| format!("{:.2}", l.one)).unwrap_or_default()
 }
 
 /// Raises the soft open-file limit to the hard one (the WebSocket figures hold thousands of
@@ -518,9 +531,9 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
 /// task) against the floor. Returns a completed fork's id.
 async fn backfill_vs_floor(server: &Server, source: &seed::Source, args: &Args, report: &mut Report) -> Result<String> {
     // Five of each unless `--quick`: the floor alone varied by 2.4× within one run of three
-    // (BENCHMARKS.md, nineteenth session). The forks first, then the floors: a floor right after
+    // (docs/performance.md, "Measuring on shared two-core machines"). The forks first, then the floors: a floor right after
     // each fork made both about a fifth slower on PostgreSQL (the other's writes still being
-    // flushed), and the figures no longer comparable with earlier runs.
+    // flushed), and the figures not comparable with other runs.
     let reps = if args.quick { args.reps } else { args.reps.max(B_REPS) };
     let cpu = cpu::Mark::now();
     let done = to_completion(&server.api, source, reps, "full").await?;
@@ -583,8 +596,8 @@ async fn to_completion(api: &Api, source: &seed::Source, reps: usize, label: &st
 }
 
 /// t. Fork to completion for realistic sources of 1,000, 10,000 and 50,000 messages (the last
-/// one copies the 10,000 the cap allows): the figure the first round's benchmark printed for
-/// synthetic sources, kept so that worker changes can be compared run against run.
+/// one copies the 10,000 the cap allows): the figure that
+/// compares worker changes run against run.
 async fn completion_sizes(api: &Api, args: &Args, report: &mut Report) -> Result<()> {
     for n in [1_000, args.mid, args.big] {
         let source = seed::source(api, &format!("t-{n}"), n, SEED_CONCURRENCY).await?;
@@ -1012,4 +1025,33 @@ async fn bench(args: Args) -> Result<()> {
     }
     println!("\n--- for BENCHMARKS.md ---\nMachine: {machine}\n{nofile}\n{summary}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(flags: &[&str]) -> Args {
+        parse_args(flags.iter().map(|f| f.to_string())).expect("valid flags")
+    }
+
+    #[test]
+    fn an_explicit_flag_wins_over_quick_in_either_order() {
+        for flags in [["--quick", "--forks", "20"], ["--forks", "20", "--quick"]] {
+            let a = args(&flags);
+            assert_eq!((a.forks, a.reps, a.clients, a.mid), (20, 1, 2_000, 3_000), "{flags:?}");
+        }
+        let full = args(&[]);
+        assert_eq!((full.forks, full.reps, full.clients, full.mid, full.big), (40, 3, 10_000, 10_000, 50_000));
+    }
+
+    #[test]
+    fn percentiles_of_a_sample_are_within_a_thousandth() {
+        let sample: Vec<Duration> = (1..=1_000).map(Duration::from_millis).collect();
+        for (p, want) in [(50.0, 500.0), (99.0, 990.0), (100.0, 1_000.0)] {
+            let got = percentile(&sample, p).as_secs_f64() * 1e3;
+            assert!((got - want).abs() <= want / 1_000.0, "p{p}: {got} ms, want {want}");
+        }
+        assert_eq!(percentile(&[], 99.0), Duration::ZERO);
+    }
 }

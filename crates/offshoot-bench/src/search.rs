@@ -6,7 +6,7 @@
 //! 1,000, the kind of word a person searches for) and a common one (in about 1 message in 10,
 //! so the engine ranks thousands of matches per search).
 //!
-//! The goal (issue 46): p50 ≤ 30 ms on both engines for the one-word query. Whether sends keep
+//! The goal: p50 ≤ 30 ms on both engines for the one-word query. Whether sends keep
 //! their figures with the index is read from figure f run before and after migration 0018.
 
 use crate::seed::Rng;

@@ -21,23 +21,16 @@ const WORDS: &str = "the agent reads the logs and explains step by step how to c
 what the metrics say and how to roll back safely if the migration fails halfway through the night shift while the user asks \
 follow up questions about costs latency retries and whether the cache should be warmed before traffic is switched over";
 
-/// A small deterministic generator (xorshift), so every run writes the same history.
-pub struct Rng(u64);
+/// A seeded generator, so every run writes the same history.
+pub struct Rng(fastrand::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        Rng(fastrand::Rng::with_seed(seed))
     }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
+    /// A number below `n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.usize(..n)
     }
 }
 
@@ -116,39 +109,7 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
         for i in 0..count {
             let k = written + i;
             let mid = format!("{id}-m{k}");
-            let shadowed = rng.below(150) == 0;
-            let agent = !shadowed && k % 2 == 1;
-            let user = if shadowed {
-                SHADOWED
-            } else if agent {
-                AGENTS[rng.below(AGENTS.len())]
-            } else {
-                HUMANS[rng.below(HUMANS.len())]
-            };
-            let mut m = json!({"id": mid, "user_id": user});
-            m["text"] = if agent { text(&mut rng, 200, 900) } else { text(&mut rng, 20, 200) }.into();
-            let reply = !prev_top.is_empty() && rng.below(10) == 0;
-            if reply {
-                // Threads gather around a few parents of the previous chunk.
-                let parent = prev_top[rng.below(prev_top.len().min(8))];
-                m["parent_id"] = parent.clone().into();
-                if rng.below(5) == 0 {
-                    m["show_in_channel"] = true.into();
-                }
-            }
-            if !previous.is_empty() && rng.below(25) == 0 {
-                m["quoted_message_id"] = previous[rng.below(previous.len())].0.clone().into();
-            }
-            if rng.below(6) == 0 {
-                m["attachments"] = json!([{"type": "file", "title": format!("report-{k}.pdf"), "asset_url": format!("https://files.example.com/{k}.pdf"), "file_size": 1000 + k}]);
-            }
-            if agent {
-                m["ai_generated"] = true.into();
-                m["model"] = "bench-model-1".into();
-                m["usage"] = json!({"prompt_tokens": 100 + k % 900, "completion_tokens": 50 + k % 400});
-            } else if rng.below(4) == 0 {
-                m["client"] = json!({"app": "web", "version": "3.2.1"});
-            }
+            let (m, shadowed, reply) = message(&mut rng, &mid, k, &prev_top, &previous);
             if !shadowed {
                 this_chunk.push((mid.clone(), !reply));
             }
@@ -173,40 +134,85 @@ pub async fn source(api: &Api, id: &str, n: usize, concurrency: usize) -> Result
             }
         }
         requests += reqs.len();
-        let results: Vec<Result<Value>> = futures_util::stream::iter(reqs)
-            .map(|r| {
-                let path = &path;
-                async move {
-                    match r {
-                        Req::Send(body) => api.post(path, &body).await,
-                        Req::React { id, kind, user } => {
-                            api.post(&format!("/messages/{id}/reaction"), &json!({"reaction": {"type": kind, "user_id": user}})).await
-                        }
-                        Req::Delete(id) => Ok(api.call(reqwest::Method::DELETE, &format!("/messages/{id}"), None).await?.0),
-                    }
-                }
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-        for r in results {
-            r.with_context(|| format!("writing the source {id}"))?;
-        }
+        send_all(api, &path, reqs, concurrency).await.with_context(|| format!("writing the source {id}"))?;
         written += count;
         older = std::mem::replace(&mut previous, this_chunk);
     }
     visible_top.retain(|m| !deleted.contains(m));
-    // The fork point: the newest visible top-level message as the channel reads it. The
-    // server-side read shows shadowed messages too (marked), and the sends were concurrent, so
-    // the newest may be one of `SHADOWED`'s: not a fork point (`docs/fork.md`).
+    let newest = newest_visible(api, id).await?;
+    Ok(Source { id: id.to_string(), written: n, visible_top, newest, took: started.elapsed(), requests })
+}
+
+/// The `k`-th message `mid` of a source: its author (one in 150 the shadowed user, else agents
+/// and humans in turn), text, and at random a reply to (and a few shown in the channel) or a
+/// quote of a message of the previous chunk, an attachment, the agent's usage or the client's
+/// custom data. Returns it, whether it is shadowed and whether it is a reply.
+fn message(rng: &mut Rng, mid: &str, k: usize, prev_top: &[&String], previous: &[(String, bool)]) -> (Value, bool, bool) {
+    let shadowed = rng.below(150) == 0;
+    let agent = !shadowed && k % 2 == 1;
+    let user = if shadowed {
+        SHADOWED
+    } else if agent {
+        AGENTS[rng.below(AGENTS.len())]
+    } else {
+        HUMANS[rng.below(HUMANS.len())]
+    };
+    let mut m = json!({"id": mid, "user_id": user});
+    m["text"] = if agent { text(rng, 200, 900) } else { text(rng, 20, 200) }.into();
+    let reply = !prev_top.is_empty() && rng.below(10) == 0;
+    if reply {
+        // Threads gather around a few parents of the previous chunk.
+        let parent = prev_top[rng.below(prev_top.len().min(8))];
+        m["parent_id"] = parent.clone().into();
+        if rng.below(5) == 0 {
+            m["show_in_channel"] = true.into();
+        }
+    }
+    if !previous.is_empty() && rng.below(25) == 0 {
+        m["quoted_message_id"] = previous[rng.below(previous.len())].0.clone().into();
+    }
+    if rng.below(6) == 0 {
+        m["attachments"] = json!([{"type": "file", "title": format!("report-{k}.pdf"), "asset_url": format!("https://files.example.com/{k}.pdf"), "file_size": 1000 + k}]);
+    }
+    if agent {
+        m["ai_generated"] = true.into();
+        m["model"] = "bench-model-1".into();
+        m["usage"] = json!({"prompt_tokens": 100 + k % 900, "completion_tokens": 50 + k % 400});
+    } else if rng.below(4) == 0 {
+        m["client"] = json!({"app": "web", "version": "3.2.1"});
+    }
+    (m, shadowed, reply)
+}
+
+/// The requests `reqs` of one chunk, `concurrency` at a time: the first error, if any.
+async fn send_all(api: &Api, path: &str, reqs: Vec<Req>, concurrency: usize) -> Result<()> {
+    let results: Vec<Result<Value>> = futures_util::stream::iter(reqs)
+        .map(|r| async move {
+            match r {
+                Req::Send(body) => api.post(path, &body).await,
+                Req::React { id, kind, user } => {
+                    api.post(&format!("/messages/{id}/reaction"), &json!({"reaction": {"type": kind, "user_id": user}})).await
+                }
+                Req::Delete(id) => Ok(api.call(reqwest::Method::DELETE, &format!("/messages/{id}"), None).await?.0),
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().try_for_each(|r| r.map(drop))
+}
+
+/// The fork point: the newest visible top-level message as the channel reads it. The
+/// server-side read shows shadowed messages too (marked), and the sends were concurrent, so
+/// the newest may be one of `SHADOWED`'s: not a fork point (`docs/fork.md`).
+async fn newest_visible(api: &Api, id: &str) -> Result<String> {
     let (state, _) = api
         .call(reqwest::Method::POST, &format!("/channels/agent/{id}/query"), Some(&json!({"state": true, "messages": {"limit": 10}})))
         .await?;
-    let newest = state["messages"]
+    state["messages"]
         .as_array()
         .and_then(|a| a.iter().rev().find(|m| m["parent_id"].is_null() && m["shadowed"] != true && m["type"] == "regular"))
         .and_then(|m| m["id"].as_str())
         .map(str::to_string)
-        .context("the source has no visible message")?;
-    Ok(Source { id: id.to_string(), written: n, visible_top, newest, took: started.elapsed(), requests })
+        .context("the source has no visible message")
 }

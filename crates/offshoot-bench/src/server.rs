@@ -263,14 +263,8 @@ impl Server {
 
     /// The server process's resident memory in KiB (`VmRSS`).
     pub fn rss_kib(&self) -> Option<u64> {
-        proc_status_kb(&format!("/proc/{}/status", self.pid), "VmRSS:")
+        procfs::process::Process::new(i32::try_from(self.pid).ok()?).ok()?.status().ok()?.vmrss
     }
-}
-
-/// A `/proc/…/status` field in kB.
-pub fn proc_status_kb(path: &str, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(path).ok()?;
-    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The HTTP client: server-side calls with a server token, user calls with user tokens.

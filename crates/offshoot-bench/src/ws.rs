@@ -252,7 +252,18 @@ fn millis(all: &[Duration]) -> String {
 }
 
 /// d. Idle connections, fan-out to 1,000 watchers, 100 channels × 10 watchers at 200 msg/s.
+/// d. WebSocket capacity: idle clients' memory, one message to 1,000 watchers, and 100
+/// channels × 10 watchers at 200 messages/s, then the clients gone at once.
 async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<()> {
+    let (clients, board, rooms) = idle_clients(server, args, report).await?;
+    fan_out(&server.api, &clients, &board, args, report).await?;
+    rooms_at_rate(&server.api, &clients, &board, &rooms, args, report).await?;
+    clients_gone(server, clients, report).await
+}
+
+/// The idle figure: `args.clients` clients connected, the server's resident memory before and
+/// after. Returns the clients, their board and the 100 rooms.
+async fn idle_clients(server: &Server, args: &Args, report: &mut Report) -> Result<(Vec<Client>, Arc<Board>, Vec<String>)> {
     let api = &server.api;
     let ws_base = api.ws_base();
     seed::users(api).await?;
@@ -284,7 +295,11 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
         goal(per_conn <= 30.0)
     ));
 
-    // One message to a channel with 1,000 watchers.
+    Ok((clients, board, rooms))
+}
+
+/// One message to a channel with 1,000 watchers (the first 1,000 clients), repeated.
+async fn fan_out(api: &Api, clients: &[Client], board: &Board, args: &Args, report: &mut Report) -> Result<()> {
     watch(api, clients[..1_000].iter().map(|c| (c, "fan".to_string())).collect()).await?;
     board.take();
     let rounds = if args.quick { 5 } else { 20 };
@@ -295,7 +310,7 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
         let body = json!({"message": {"id": id, "text": "one message to a thousand watchers", "user_id": seed::AGENTS[0]}});
         // An untimed request first: the first request after the 1,000 watch calls took about
         // 300 ms whatever it was (a channel query too), while the server logged it as a few ms
-        // (BENCHMARKS.md, "d: the first request after the watch calls"); the figure is the
+        // (docs/performance.md, "Measuring on shared two-core machines"); the figure is the
         // fan-out's. Its time is printed.
         let w0 = Instant::now();
         api.post("/channels/agent/room-0/query", &json!({"state": false})).await?;
@@ -330,7 +345,11 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
         crate::cpu::note("; ", crate::cpu::since(cpu))
     ));
 
-    // 100 channels × 10 watchers, 200 messages/s in all.
+    Ok(())
+}
+
+/// 100 channels × 10 watchers (clients 1,000 to 2,000), 200 messages/s in all.
+async fn rooms_at_rate(api: &Api, clients: &[Client], board: &Board, rooms: &[String], args: &Args, report: &mut Report) -> Result<()> {
     let room_clients = &clients[1_000..2_000];
     watch(api, room_clients.iter().enumerate().map(|(k, c)| (c, rooms[k / 10].clone())).collect()).await?;
     board.take();
@@ -383,11 +402,17 @@ async fn capacity(server: &Server, args: &Args, report: &mut Report) -> Result<(
         crate::cpu::note("; ", crate::cpu::since(cpu)),
         goal(p99 <= Duration::from_millis(100) && dropped == 0 && short == 0 && lat.len() >= expected)
     ));
+    Ok(())
+}
+
+/// The server's memory after the fan-out runs, and how long it takes to remove the records
+/// of all the clients gone at once.
+async fn clients_gone(server: &Server, clients: Vec<Client>, report: &mut Report) -> Result<()> {
     let rss_busy = server.rss_kib().unwrap_or(0);
     report.add(format!("d. server RSS after the fan-out runs: {:.1} MiB", rss_busy as f64 / 1024.0));
     // The server removes each closed connection's presence records, a write transaction per
-    // connection: timed here, and e starts only once they are gone (it used to start during
-    // them and measured the server busy with them, BENCHMARKS.md).
+    // connection: timed here, and e starts only once they are gone (started during them, e measures the
+    // server busy with them: docs/performance.md, "Measuring on shared two-core machines").
     let n = clients.len();
     let started = Instant::now();
     disconnect(clients);

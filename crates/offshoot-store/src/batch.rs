@@ -2,7 +2,7 @@
 //! message twenty times a second, and a busy app sends hundreds of messages a second; each
 //! write alone is a transaction of its own (lock, read, write, outbox, commit and its disk
 //! flush), and two cores ran out at about 1,000 updates or 750 sends a second (BENCHMARKS.md,
-//! figures e and f). Here the writes that arrive while earlier ones are being written wait in a
+//! "Method", figures e and f; docs/performance.md, "Group commit"). Here the writes that arrive while earlier ones are being written wait in a
 //! queue of their kind and are written together, in one transaction, by the next free writer:
 //! a lone write is written at once, a stream of them in groups whose size follows the load.
 //!
@@ -18,22 +18,13 @@
 //! wait for that group (two writers run at once on PostgreSQL, and the later group could
 //! otherwise take the channel's lock first).
 
-use crate::messages::Editor;
 use crate::{Result, Store};
 use futures_util::FutureExt;
-use offshoot_core::model::{Channel, Message, NewMessage, User};
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
-
-/// A change of a stored message, given its channel as locked (it may run more than once: a
-/// retried or regrouped write).
-pub(crate) type ChangeFn = dyn Fn(&mut Message, &Channel) -> offshoot_core::error::Result<()> + Send + Sync;
-
-/// A queued change.
-pub(crate) type Change = Arc<ChangeFn>;
 
 /// A kind of write that is written in groups.
 pub(crate) trait Work: Sized + Send + Sync + 'static {
@@ -51,75 +42,6 @@ pub(crate) trait Work: Sized + Send + Sync + 'static {
     /// The writes of `group` in one transaction (retried likewise): the outcome of each, in
     /// order, or the transaction's error when it failed as a whole.
     fn together(store: &Store, group: &[Self]) -> impl Future<Output = Result<Vec<Result<Self::Output>>>> + Send;
-}
-
-/// An update of a stored message ([`Store::edit_message`]).
-pub(crate) struct QueuedUpdate {
-    pub(crate) id: String,
-    pub(crate) editor: Editor,
-    pub(crate) change: Change,
-}
-
-/// A new message ([`Store::send_message`]).
-pub(crate) struct QueuedSend {
-    pub(crate) cid: String,
-    pub(crate) new: NewMessage,
-    pub(crate) author: User,
-}
-
-impl Work for QueuedUpdate {
-    type Output = Message;
-    const KIND: &'static str = "update";
-
-    fn groups(store: &Store) -> &Groups<Self> {
-        &store.updates
-    }
-
-    fn key(&self) -> Option<&str> {
-        Some(&self.id)
-    }
-
-    async fn alone(&self, store: &Store) -> Result<Message> {
-        store.retrying("update_message", || store.update_message_once(&self.id, &self.editor, &*self.change)).await
-    }
-
-    async fn together(store: &Store, group: &[Self]) -> Result<Vec<Result<Message>>> {
-        store.retrying("update_messages", || store.update_messages_once(group)).await
-    }
-}
-
-impl Work for QueuedSend {
-    /// The message as written, and its channel's truncation (to hydrate it).
-    type Output = (Message, Option<i64>);
-    const KIND: &'static str = "send";
-
-    fn groups(store: &Store) -> &Groups<Self> {
-        &store.sends
-    }
-
-    /// Two groups written at once never share a channel: neither waits for the other's channel
-    /// locks, and a channel's sends are written in the order they arrived.
-    fn key(&self) -> Option<&str> {
-        Some(&self.cid)
-    }
-
-    async fn alone(&self, store: &Store) -> Result<(Message, Option<i64>)> {
-        store.retrying("send_message", || store.send_message_once(&self.cid, &self.new, &self.author)).await
-    }
-
-    /// Each send is checked and refused alone (`sends.rs`); those it leaves (a reply to or a
-    /// quote of a message of the same group, a second send of one id) are written alone after it.
-    async fn together(store: &Store, group: &[Self]) -> Result<Vec<Result<(Message, Option<i64>)>>> {
-        let outcomes = store.retrying("send_messages", || store.send_messages_once(group)).await?;
-        let mut out = Vec::with_capacity(group.len());
-        for (s, outcome) in group.iter().zip(outcomes) {
-            out.push(match outcome {
-                Some(outcome) => outcome,
-                None => s.alone(store).await,
-            });
-        }
-        Ok(out)
-    }
 }
 
 /// The outcome of each write of `group`, in order: written together, or each alone when the

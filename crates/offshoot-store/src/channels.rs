@@ -1,13 +1,13 @@
 //! Channels and members.
 
 use crate::cache::ConfigCache;
-use crate::messages::{arguments, insert_new_message, Bind};
 use crate::query::{channel_condition, channel_order, SqlBuilder};
 use crate::rows::{self, fork_json, placeholders, user_json, ChannelRow, MemberRow, Nested, CHANNEL_COLS, MEMBER_COLS};
+use crate::sql::{arguments, Bind};
 use crate::unread::{self, UnreadCounts};
 use crate::users::load_users;
 use crate::{domain, not_found, Backend, Result, Store, Tx};
-use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, Message, NewMessage, User};
+use offshoot_core::model::{Audience, Channel, Custom, Event, ForkSummary, Member, NewMessage, User};
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Sort};
 use offshoot_core::{time, Error};
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -174,56 +174,6 @@ impl Store {
         let channel = reload(&mut tx, &cid).await?;
         tx.commit(self).await?;
         Ok((channel, true))
-    }
-
-    /// Full update: replaces the custom data (and team when given), adds and removes members
-    /// and posts the optional system message, all in one transaction.
-    pub async fn update_channel(&self, cid: &str, update: &ChannelUpdate, actor: Option<&User>) -> Result<(Channel, Option<Message>)> {
-        self.retrying("update_channel", || self.update_channel_once(cid, update, actor)).await
-    }
-
-    async fn update_channel_once(&self, cid: &str, update: &ChannelUpdate, actor: Option<&User>) -> Result<(Channel, Option<Message>)> {
-        let mut tx = self.begin().await?;
-        let Some(mut ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
-        if ch.deleted_at.is_some() {
-            return not_found(format!("channel {cid:?} was deleted"));
-        }
-        if update.custom.is_some() || update.team.is_some() || update.frozen.is_some() {
-            if let Some(c) = &update.custom {
-                ch.custom = c.clone();
-            }
-            if let Some(t) = &update.team {
-                ch.team = Some(t.clone());
-            }
-            if let Some(f) = update.frozen {
-                ch.frozen = f;
-            }
-            write_channel_fields(&mut tx, &ch).await?;
-            ch = reload(&mut tx, cid).await?;
-            tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
-        }
-        if !update.add_members.is_empty() {
-            add_members_tx(&mut tx, &ch, &update.add_members, actor).await?;
-        }
-        if !update.remove_members.is_empty() {
-            remove_members_tx(&mut tx, &ch, &update.remove_members, actor).await?;
-        }
-        let mut sys = None;
-        if let Some((new, author)) = &update.message {
-            let author = crate::messages::ensure_user(&mut tx, author).await?;
-            let m = insert_new_message(&mut tx, &ch, new, &author).await?;
-            let mut ev = event_for("message.new", &ch, Some(author));
-            ev.message = Some(m.clone());
-            tx.event(ev, to_watchers_and_hooks(cid)).await?;
-            sys = Some(m);
-        }
-        let ch = reload(&mut tx, cid).await?;
-        tx.commit(self).await?;
-        let sys = match sys {
-            Some(m) => Some(self.hydrated(m, ch.truncated_at).await?),
-            None => None,
-        };
-        Ok((ch, sys))
     }
 
     pub async fn partial_update_channel(&self, cid: &str, set: &Custom, unset: &[String], actor: Option<&User>) -> Result<Channel> {
@@ -439,7 +389,7 @@ fn filter_conditions(f: &ChannelFilter, b: &mut SqlBuilder) -> Result<String> {
     Ok(sql)
 }
 
-trait WithChannel {
+pub(crate) trait WithChannel {
     fn with_channel(self, ch: &Channel) -> Self;
 }
 impl WithChannel for Event {
@@ -595,7 +545,7 @@ pub(crate) async fn insert_channel_row(tx: &mut Tx, cid: &str, new: &NewChannel,
     Ok(res.rows_affected() == 1)
 }
 
-async fn write_channel_fields(tx: &mut Tx, ch: &Channel) -> Result<()> {
+pub(crate) async fn write_channel_fields(tx: &mut Tx, ch: &Channel) -> Result<()> {
     sqlx::query("UPDATE channel SET custom = $1, team = $2, frozen = $3, disabled = $4, updated_at = $5 WHERE cid = $6")
         .bind(serde_json::to_string(&ch.custom)?)
         .bind(ch.team.clone())
@@ -806,4 +756,16 @@ pub(crate) async fn load_members(conn: &mut AnyConnection, cid: &str, limit: i64
         m.user = users.get(&m.user_id).cloned();
     }
     Ok(members)
+}
+
+/// On PostgreSQL, locks the channel row for the rest of the transaction (SQLite transactions
+/// are already serialised).
+pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
+    if tx.backend == crate::Backend::Postgres {
+        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE")
+            .bind(cid.to_string())
+            .fetch_optional(crate::counted(&mut *tx.tx))
+            .await?;
+    }
+    Ok(())
 }

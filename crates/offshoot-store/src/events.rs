@@ -33,8 +33,8 @@ pub(crate) struct Queued {
 /// A `notification.*` event stored in the row of the channel event it repeats: a send's
 /// `notification.message_new` is its `message.new` with the channel, for the members who do
 /// not watch the channel. Written as two rows, each send stored its message twice, and the
-/// outbox was most of what the database wrote under chat traffic (BENCHMARKS.md,
-/// twenty-second session). What the notification carries is derived from the event by
+/// outbox was most of what the database wrote under chat traffic (docs/performance.md,
+/// "Outbox rows and compression"). What the notification carries is derived from the event by
 /// [`Note::event`], the one rule for both the rows read back and the events kept in memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Note {
@@ -173,7 +173,7 @@ const RECENT_BYTES: usize = 16 << 20;
 /// This process's consumers (the WebSocket fan-out, the webhook relay) take them from here
 /// instead of reading back and parsing what was just written: an agent's streamed answer is
 /// thousands of `message.updated` events a second, each carrying the whole message
-/// (BENCHMARKS.md, nineteenth and twenty-fifth sessions). Only an unbroken run of `seq` right
+/// (docs/performance.md, "Outbox events from memory"). Only an unbroken run of `seq` right
 /// after a consumer's cursor is served from here; anything else (an event another process or
 /// store wrote, a number a rolled-back transaction drew, one pushed out by newer ones, one whose
 /// transaction has not committed yet) is read from the database. Every kept row committed, so
@@ -280,9 +280,75 @@ pub(crate) async fn announce(pool: sqlx::AnyPool, pending: std::sync::Arc<tokio:
 /// commits: under a stream of commits a consumer reads every few of them at once instead of
 /// once per commit, and an event that comes alone is read at once. On PostgreSQL each read
 /// takes the outbox lock exclusively for a moment, which holds new writers back until the
-/// writers before it commit; at 750 sends a second the two consumers of a process read about
-/// once per send each (BENCHMARKS.md, tenth session).
+/// writers before it commit; at 750 sends a second the two consumers of a process, woken by
+/// every commit, read about once per send each (docs/performance.md, "Outbox on PostgreSQL").
 pub const OUTBOX_READ_GAP: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How often a consumer of the outbox reads it when no commit woke it (a lost notification, an
+/// event of another process on SQLite).
+const OUTBOX_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl Store {
+    /// The pace of one consumer of the outbox (`what` names it in the log): see
+    /// [`OutboxFollower`].
+    pub fn follow_outbox(&self, what: &'static str) -> OutboxFollower {
+        OutboxFollower { notify: self.event_notify(), what, failing: false, read_at: tokio::time::Instant::now(), woken: None }
+    }
+}
+
+/// When one consumer of the outbox reads it: after every commit's wake-up
+/// ([`Store::event_notify`]), at most once per [`OUTBOX_READ_GAP`], and at least every
+/// [`OUTBOX_POLL`]. A consumer loops `while follower.next(stop).await { follower.read(..) }`.
+pub struct OutboxFollower {
+    notify: std::sync::Arc<tokio::sync::Notify>,
+    what: &'static str,
+    failing: bool,
+    read_at: tokio::time::Instant,
+    /// The wake-up registered before the last read (none before the first).
+    woken: Option<std::pin::Pin<Box<tokio::sync::futures::OwnedNotified>>>,
+}
+
+impl OutboxFollower {
+    /// Waits until the next read is due; false when `stop` resolved first. The first read is
+    /// due at once; each later one after a commit's wake-up or [`OUTBOX_POLL`], and no sooner
+    /// than [`OUTBOX_READ_GAP`] after the one before.
+    pub async fn next(&mut self, stop: impl std::future::Future<Output = ()>) -> bool {
+        if let Some(woken) = self.woken.as_mut() {
+            tokio::select! {
+                _ = stop => return false,
+                _ = woken => {}
+                _ = tokio::time::sleep(OUTBOX_POLL) => {}
+            }
+        }
+        // Registered before reading, so a commit during the read still wakes the next wait.
+        let mut woken = Box::pin(self.notify.clone().notified_owned());
+        woken.as_mut().enable();
+        self.woken = Some(woken);
+        // Paced: at most one read per gap while commits keep waking it.
+        tokio::time::sleep_until(self.read_at + OUTBOX_READ_GAP).await;
+        self.read_at = tokio::time::Instant::now();
+        true
+    }
+
+    /// Records how a read went: a failure is logged once as `"{what} failed; retrying"` (the
+    /// next wake-up tries again), and the first read that works after failures logs
+    /// `"{what} works again"`.
+    pub fn read<E: std::fmt::Display>(&mut self, outcome: std::result::Result<(), E>) {
+        let what = self.what;
+        match outcome {
+            Ok(()) if self.failing => {
+                self.failing = false;
+                tracing::info!("{what} works again");
+            }
+            Ok(()) => {}
+            Err(e) if !self.failing => {
+                self.failing = true;
+                tracing::error!(error = %e, "{what} failed; retrying");
+            }
+            Err(_) => {}
+        }
+    }
+}
 
 /// The advisory lock key of the outbox (writers shared, the horizon exclusive).
 const OUTBOX_LOCK: i64 = 7_261_001;
@@ -297,7 +363,7 @@ const OUTBOX_LOCK: i64 = 7_261_001;
 /// The consumers of a process share the reads: a caller takes the result of a read that
 /// started after it asked (it covers every commit the caller could have been woken by), and
 /// otherwise starts one, one at a time. Both consumers of a process are woken by the same
-/// commits, and each read holds new writers back for a moment (BENCHMARKS.md, twelfth session).
+/// commits, and each read holds new writers back for a moment (docs/performance.md, "Outbox on PostgreSQL").
 async fn outbox_horizon(store: &Store) -> Result<Option<i64>> {
     if store.backend() != Backend::Postgres {
         return Ok(None);

@@ -1,10 +1,11 @@
 //! Fork: the synchronous part (one transaction: channel, members, newest page, summary, task,
 //! events) and the backfill steps the worker runs (one transaction per page, with the cursor).
 
-use crate::channels::{event_for, insert_channel_row, load_channel, load_members, reload, MemberInput, NewChannel};
-use crate::messages::{arguments, ensure_users, load_message, lock_channel, Bind};
+use crate::channels::{event_for, insert_channel_row, load_channel, load_members, lock_channel, reload, MemberInput, NewChannel};
+use crate::messages::load_message;
 use crate::rows::{self, placeholders, Flag, ForkSummaryRow, Json, FORK_COLS};
-use crate::users::load_users;
+use crate::sql::{arguments, Bind};
+use crate::users::{ensure_users, load_users};
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::fork::{self as plan, SizeLimits};
 use offshoot_core::model::{Audience, Channel, Custom, Event, ForkStatus, ForkSummary, Message, Task, User};
@@ -56,7 +57,7 @@ pub enum BackfillStep {
 /// The parent check ends in `LIMIT 1 OFFSET 0` so that PostgreSQL looks each reply's parent up
 /// by its key: without it, it turned the `EXISTS` into a hashed subplan that read every
 /// top-level message of the source up to the fork point, on every page and in the fork request
-/// (BENCHMARKS.md, ninth session; an `OFFSET` keeps the planner from rewriting the `EXISTS`).
+/// (docs/performance.md, "Fork request"; an `OFFSET` keeps the planner from rewriting the `EXISTS`).
 const ELIGIBLE: &str = "m.cid = $1 AND m.hidden_at IS NULL AND m.created_at > $2 AND m.deleted_at IS NULL AND m.shadowed = FALSE \
     AND m.type NOT IN ('deleted', 'ephemeral', 'error') AND (m.created_at, m.id) <= ($3, $4) AND (m.created_at, m.id) >= ($5, $6) \
     AND (m.parent_id IS NULL OR EXISTS (SELECT 1 FROM message p WHERE p.id = m.parent_id AND p.cid = $1 AND p.parent_id IS NULL \
@@ -286,8 +287,8 @@ async fn copy_messages(
     // fails the fork), and looking every id up cost a page as much as reading its sources: copy
     // as if none were, under a savepoint, and only when the key refused a row undo that and plan
     // again knowing which are taken. A plain insert, not `ON CONFLICT DO NOTHING`, whose
-    // speculative inserts made PostgreSQL's copy about a quarter slower (BENCHMARKS.md, ninth
-    // session).
+    // speculative inserts made PostgreSQL's copy about a quarter slower (docs/performance.md,
+    // "Backfill copy").
     let mut plan = plan_copies(fork_cid, sources, &copy_ids, &HashMap::new(), exclude_attachments, limits);
     let mut savepoint = sqlx::Connection::begin(&mut *tx.tx).await?;
     let all_free = match insert_copies(&mut savepoint, backend, fork_cid, &plan.copies, exclude_attachments).await {
@@ -773,7 +774,7 @@ impl Store {
     async fn backfill_step_once(&self, fork_cid: &str, page_size: i64) -> Result<(BackfillStep, Option<(i64, Option<ForkSummary>)>)> {
         let early = self.plan_early(fork_cid).await?;
         let mut tx = self.begin_background().await?;
-        // From here to the commit a page holds SQLite's one writer (BENCHMARKS.md, figure c).
+        // From here to the commit a page holds SQLite's one writer (docs/performance.md, "SQLite writer and backfill pages").
         let began = std::time::Instant::now();
         tx.custom_plans().await?;
         let Some(f) = lock_fork(&mut tx, fork_cid).await? else { return Ok((BackfillStep::Gone, None)) };
@@ -835,8 +836,8 @@ impl Store {
             }
         }
         // Tens of milliseconds of a connection's thread (SQLite) or a database process: several
-        // forks starting at once plan one after another, leaving requests a core (BENCHMARKS.md,
-        // figure c). The turn is taken holding no connection, so waiting plans cannot take the
+        // forks starting at once plan one after another, leaving requests a core (docs/performance.md,
+        // "SQLite writer and backfill pages"). The turn is taken holding no connection, so waiting plans cannot take the
         // connections the work in its turn needs.
         let _turn = self.background_turn().await;
         // A read-only transaction only to plan its statements with their values (PostgreSQL).
@@ -950,13 +951,13 @@ struct BackfillPlan {
 /// Plans a backfill from the source as it is: reads only. The boundary is found by walking the
 /// newest `MAX_COPIED` eligible messages, tens of milliseconds on a large source, so the worker
 /// plans before its first page's transaction ([`Store::backfill_step`]): on SQLite that walk
-/// held the one write lock, and every request waited for it (BENCHMARKS.md, figure c).
+/// held the one write lock, and every request waited for it (docs/performance.md, "SQLite writer and backfill pages").
 async fn compute_plan(conn: &mut AnyConnection, source: &Channel, point: (i64, &str)) -> Result<BackfillPlan> {
     let binds = eligible_binds(&source.cid, source.truncated_at, point, None);
     // One walk of the newest `MAX_COPIED + 1` eligible messages: how many there are (at most
     // one past the cap, which says the cap truncates the history) and the one at the cap. A
     // walk to the cap and a second one to count a source under it took 8–15 and 6–10 ms of a
-    // 10,000-message fork's backfill on PostgreSQL (BENCHMARKS.md, nineteenth session).
+    // 10,000-message fork's backfill on PostgreSQL (docs/performance.md, "Backfill copy").
     let cap = plan::MAX_COPIED;
     let sql = format!(
         "SELECT COUNT(*), MAX(CASE WHEN newest.n = {cap} THEN newest.created_at END), MAX(CASE WHEN newest.n = {cap} THEN newest.id END) \

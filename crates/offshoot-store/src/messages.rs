@@ -1,18 +1,23 @@
 //! Messages, replies, reactions, truncation and rewind, with the visibility rules every read
 //! applies.
 
+use crate::batch::{Groups, Work};
 use crate::channels::{
-    event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, to_watchers_and_hooks, BUMP_CHANNEL,
+    add_members_tx, event_for, load_channel, load_channels, lock_and_load, lock_for_new_message, reload, remove_members_tx,
+    to_watchers_and_hooks, write_channel_fields, ChannelUpdate, WithChannel, BUMP_CHANNEL,
 };
 use crate::events::Note;
 use crate::rows::{self, placeholders, MessageRow, ReactionRow, MESSAGE_COLS, REACTION_COLS};
-use crate::users::load_users;
+use crate::sql::{arguments, union_all, Bind};
+use crate::users::{ensure_user, load_users};
+use crate::visibility::{is_visible, visible_to};
 use crate::{domain, not_found, Backend, Result, Store, Tx};
 use offshoot_core::model::{Audience, Channel, ForkStatus, Message, NewMessage, Reaction, UnreadCounts, User, Viewer};
 use offshoot_core::{ids, time, Error, ErrorKind};
 use sqlx::any::AnyArguments;
-use sqlx::{AnyConnection, Arguments, AssertSqlSafe};
+use sqlx::{AnyConnection, AssertSqlSafe};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 /// Message pagination as Stream's `messages` / replies parameters give it.
 #[derive(Debug, Clone, Default)]
@@ -38,55 +43,10 @@ pub enum PageDir {
     },
 }
 
-/// A bind value of a dynamically built statement.
-#[derive(Debug, Clone)]
-pub(crate) enum Bind {
-    S(String),
-    I(i64),
-    F(f64),
-}
-
-/// The arguments of a dynamically built statement, for `sqlx::query_with` and its kin.
-pub(crate) fn arguments(binds: &[Bind]) -> Result<AnyArguments> {
-    let mut args = AnyArguments::default();
-    for b in binds {
-        match b {
-            Bind::S(s) => args.add(s.clone()),
-            Bind::I(i) => args.add(*i),
-            Bind::F(f) => args.add(*f),
-        }
-        .map_err(|e| crate::StoreError::Db(sqlx::Error::Encode(e)))?;
-    }
-    Ok(args)
-}
-
-/// The SQL condition (on alias `m`) for messages `viewer` may see in a channel truncated at
-/// `truncated_at`: not rewound, not truncated, shadowed only for their author, restricted
-/// visibility only for the listed users and the author. Server-side sees all but hidden ones.
-pub(crate) fn visible_to(viewer: &Viewer, truncated_at: Option<i64>, binds: &mut Vec<Bind>) -> String {
-    binds.push(Bind::I(truncated_at.unwrap_or(i64::MIN)));
-    let after = format!("${}", binds.len());
-    visible_after(viewer, &after, binds)
-}
-
-/// [`visible_to`] with the truncation as SQL (`after`: a placeholder or a column).
-pub(crate) fn visible_after(viewer: &Viewer, after: &str, binds: &mut Vec<Bind>) -> String {
-    let mut sql = format!("m.hidden_at IS NULL AND m.created_at > {after}");
-    if let Some(uid) = viewer.user_id() {
-        binds.push(Bind::S(uid.to_string()));
-        let u = binds.len();
-        sql.push_str(&format!(
-            " AND (m.shadowed = FALSE OR m.user_id = ${u}) AND (m.restricted_visibility = '[]' OR m.user_id = ${u} OR {})",
-            restricted_to("m.id", &format!("${u}"))
-        ));
-    }
-    sql
-}
-
 /// The pins of the channel `cid` (SQL) visible by `vis`, newest pin first. SQLite is told to
 /// use the index of pins (`message_pinned`, migration 0009): without statistics it preferred
 /// the channel's `created_at` index for the visibility's `created_at > …` and walked every
-/// message of the channel (BENCHMARKS.md, seventh session). PostgreSQL made the same choice
+/// message of the channel (docs/performance.md, "Query Channels"). PostgreSQL made the same choice
 /// for Query Channels' pins, whose truncations it cannot see; the index of pins holds
 /// `created_at` too (migration 0013, both engines), which it then prefers.
 pub(crate) fn pins_sql(backend: Backend, cid: &str, vis: &str, limit: i64) -> String {
@@ -98,26 +58,6 @@ pub(crate) fn pins_sql(backend: Backend, cid: &str, vis: &str, limit: i64) -> St
         "SELECT {MESSAGE_COLS} FROM message m{indexed} WHERE m.cid = {cid} AND m.pinned = TRUE AND m.deleted_at IS NULL AND {vis} \
          ORDER BY m.pinned_at DESC LIMIT {limit}"
     )
-}
-
-/// The SQL condition that the message `message_id` (a column) lists `user` (a column or a
-/// placeholder) in its restricted visibility: an exact match on the (message, user) table.
-pub(crate) fn restricted_to(message_id: &str, user: &str) -> String {
-    format!("EXISTS (SELECT 1 FROM message_restricted mr WHERE mr.message_id = {message_id} AND mr.user_id = {user})")
-}
-
-/// Whether one loaded message is visible to `viewer` (the same rule as [`visible_to`]).
-pub fn is_visible(m: &Message, hidden: bool, truncated_at: Option<i64>, viewer: &Viewer) -> bool {
-    if hidden || truncated_at.is_some_and(|t| m.created_at <= t) {
-        return false;
-    }
-    match viewer.user_id() {
-        None => true,
-        Some(uid) => {
-            (!m.shadowed || m.user_id == uid)
-                && (m.restricted_visibility.is_empty() || m.user_id == uid || m.restricted_visibility.iter().any(|r| r == uid))
-        }
-    }
 }
 
 impl Store {
@@ -195,8 +135,7 @@ impl Store {
     /// still copying), the parent is a top-level message of the channel, the quote exists. Sends
     /// that arrive while others are being written are written together (`batch.rs`).
     pub async fn send_message(&self, cid: &str, new: &NewMessage, author: &User) -> Result<Message> {
-        let (m, truncated_at) =
-            self.grouped(crate::batch::QueuedSend { cid: cid.to_string(), new: new.clone(), author: author.clone() }).await?;
+        let (m, truncated_at) = self.grouped(QueuedSend { cid: cid.to_string(), new: new.clone(), author: author.clone() }).await?;
         self.hydrated_new(m, truncated_at).await
     }
 
@@ -245,11 +184,11 @@ impl Store {
     where
         F: Fn(&mut Message, &Channel) -> offshoot_core::error::Result<()> + Send + Sync + 'static,
     {
-        self.grouped(crate::batch::QueuedUpdate { id: id.to_string(), editor, change: std::sync::Arc::new(change) }).await
+        self.grouped(QueuedUpdate { id: id.to_string(), editor, change: std::sync::Arc::new(change) }).await
     }
 
     /// One update in a transaction of its own.
-    pub(crate) async fn update_message_once(&self, id: &str, editor: &Editor, change: &crate::batch::ChangeFn) -> Result<Message> {
+    pub(crate) async fn update_message_once(&self, id: &str, editor: &Editor, change: &ChangeFn) -> Result<Message> {
         let mut tx = self.begin().await?;
         let Some((mut ch, m)) = lock_message(&mut tx, id).await?.filter(|(ch, m)| writable(ch, m)) else {
             return not_found(format!("message with id {id:?} does not exist"));
@@ -274,7 +213,7 @@ impl Store {
     /// it left it and written, everything announced hydrated in one pass. An update whose
     /// message is missing or whose change refuses gets its error and writes nothing; an error of
     /// the database fails the whole transaction.
-    pub(crate) async fn update_messages_once(&self, items: &[crate::batch::QueuedUpdate]) -> Result<Vec<Result<Message>>> {
+    pub(crate) async fn update_messages_once(&self, items: &[QueuedUpdate]) -> Result<Vec<Result<Message>>> {
         let mut tx = self.begin().await?;
         let mut ids: Vec<String> = items.iter().map(|u| u.id.clone()).collect();
         ids.sort();
@@ -297,7 +236,7 @@ impl Store {
         // Messages changed but not written yet: their rows are written together, before any
         // update that moves a message's visibility (it recounts from the rows) and at the end.
         let mut unwritten: Vec<String> = Vec::new();
-        for crate::batch::QueuedUpdate { id, change, .. } in items {
+        for QueuedUpdate { id, change, .. } in items {
             let Some(before) = current.get(id) else {
                 outcomes.push(not_found(format!("message with id {id:?} does not exist")));
                 continue;
@@ -502,6 +441,58 @@ impl Store {
         ev.reaction = Some(r.clone());
         tx.event(ev, to_watchers_and_hooks(&ch.cid)).await?;
         Ok((m, r))
+    }
+
+    // A channel update may post a system message, and a truncation may too: both write a
+    // message, so they live with the message writes, above the channels.rs layer.
+    /// Full update: replaces the custom data (and team when given), adds and removes members
+    /// and posts the optional system message, all in one transaction.
+    pub async fn update_channel(&self, cid: &str, update: &ChannelUpdate, actor: Option<&User>) -> Result<(Channel, Option<Message>)> {
+        self.retrying("update_channel", || self.update_channel_once(cid, update, actor)).await
+    }
+
+    async fn update_channel_once(&self, cid: &str, update: &ChannelUpdate, actor: Option<&User>) -> Result<(Channel, Option<Message>)> {
+        let mut tx = self.begin().await?;
+        let Some(mut ch) = lock_and_load(&mut tx, cid).await? else { return not_found(format!("channel {cid:?} does not exist")) };
+        if ch.deleted_at.is_some() {
+            return not_found(format!("channel {cid:?} was deleted"));
+        }
+        if update.custom.is_some() || update.team.is_some() || update.frozen.is_some() {
+            if let Some(c) = &update.custom {
+                ch.custom = c.clone();
+            }
+            if let Some(t) = &update.team {
+                ch.team = Some(t.clone());
+            }
+            if let Some(f) = update.frozen {
+                ch.frozen = f;
+            }
+            write_channel_fields(&mut tx, &ch).await?;
+            ch = reload(&mut tx, cid).await?;
+            tx.event(event_for("channel.updated", &ch, actor.cloned()).with_channel(&ch), to_watchers_and_hooks(cid)).await?;
+        }
+        if !update.add_members.is_empty() {
+            add_members_tx(&mut tx, &ch, &update.add_members, actor).await?;
+        }
+        if !update.remove_members.is_empty() {
+            remove_members_tx(&mut tx, &ch, &update.remove_members, actor).await?;
+        }
+        let mut sys = None;
+        if let Some((new, author)) = &update.message {
+            let author = ensure_user(&mut tx, author).await?;
+            let m = insert_new_message(&mut tx, &ch, new, &author).await?;
+            let mut ev = event_for("message.new", &ch, Some(author));
+            ev.message = Some(m.clone());
+            tx.event(ev, to_watchers_and_hooks(cid)).await?;
+            sys = Some(m);
+        }
+        let ch = reload(&mut tx, cid).await?;
+        tx.commit(self).await?;
+        let sys = match sys {
+            Some(m) => Some(self.hydrated(m, ch.truncated_at).await?),
+            None => None,
+        };
+        Ok((ch, sys))
     }
 
     /// Truncates a channel: hides (or, with `hard`, deletes) every message created up to
@@ -728,18 +719,6 @@ impl Store {
     }
 }
 
-/// On PostgreSQL, locks the channel row for the rest of the transaction (SQLite transactions
-/// are already serialised).
-pub(crate) async fn lock_channel(tx: &mut Tx, cid: &str) -> Result<()> {
-    if tx.backend == crate::Backend::Postgres {
-        sqlx::query("SELECT cid FROM channel WHERE cid = $1 FOR UPDATE")
-            .bind(cid.to_string())
-            .fetch_optional(crate::counted(&mut *tx.tx))
-            .await?;
-    }
-    Ok(())
-}
-
 /// Locks the channel of message `id` (then reads the message under that lock): the lock order
 /// for message writes is the channel row first (crate doc). The channel is found through the
 /// message and locked in one statement (a message never changes channel), and comes without
@@ -818,7 +797,7 @@ fn writable(ch: &Channel, m: &Message) -> bool {
 }
 
 /// `before` with `change` applied and stamped as updated now; nothing is written.
-fn changed(before: &Message, ch: &Channel, change: &crate::batch::ChangeFn) -> Result<Message> {
+fn changed(before: &Message, ch: &Channel, change: &ChangeFn) -> Result<Message> {
     let mut m = before.clone();
     change(&mut m, ch)?;
     let now = time::now();
@@ -992,41 +971,6 @@ pub(crate) async fn queue_message_new(
     ev.extra.insert("watcher_count".into(), watchers.into());
     let note = Note { kind: "notification.message_new".into(), users: unread.keys().cloned().collect(), channel: ch.clone() };
     tx.event_noted(ev, Audience { unread, ..to_watchers_and_hooks(&ch.cid) }, note).await
-}
-
-/// Creates the user on first sight (server-side calls may name users they never upserted).
-pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
-    let role = if user.role.is_empty() { "user" } else { user.role.as_str() };
-    let mut users = ensure_users(tx, std::slice::from_ref(&user.id), role).await?;
-    match users.remove(&user.id) {
-        Some(u) => Ok(u),
-        None => not_found(format!("user {:?} was deleted while it was used", user.id)),
-    }
-}
-
-/// The users `ids`, each created with `role` first when it does not exist: one read when they
-/// all exist (a fork names its creator and every member).
-pub(crate) async fn ensure_users(tx: &mut Tx, ids: &[String], role: &str) -> Result<HashMap<String, User>> {
-    let mut users = load_users(&mut tx.tx, ids).await?;
-    let mut missing: Vec<String> = ids.iter().filter(|id| !users.contains_key(*id)).cloned().collect();
-    if missing.is_empty() {
-        return Ok(users);
-    }
-    missing.sort();
-    missing.dedup();
-    let now = time::now();
-    for chunk in missing.chunks(500) {
-        let values: Vec<String> = (0..chunk.len()).map(|i| format!("(${}, $1, $2, $2)", i + 3)).collect();
-        let sql =
-            format!("INSERT INTO app_user (id, role, created_at, updated_at) VALUES {} ON CONFLICT (id) DO NOTHING", values.join(", "));
-        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(role.to_string()).bind(now);
-        for id in chunk {
-            q = q.bind(id.clone());
-        }
-        q.execute(crate::counted(&mut *tx.tx)).await?;
-    }
-    users.extend(load_users(&mut tx.tx, &missing).await?);
-    Ok(users)
 }
 
 pub(crate) async fn insert_new_message(tx: &mut Tx, ch: &Channel, new: &NewMessage, author: &User) -> Result<Message> {
@@ -1321,12 +1265,6 @@ pub(crate) fn page_sql(cond: &str, desc: bool, lim: i64) -> String {
     )
 }
 
-/// Several statements' rows in one: `UNION ALL` of each, as a subquery so that each keeps its
-/// own `ORDER BY … LIMIT` (and its index scan). The caller orders the result.
-pub(crate) fn union_all(statements: &[String]) -> String {
-    statements.iter().enumerate().map(|(i, s)| format!("SELECT * FROM ({s}) AS u{i}")).collect::<Vec<_>>().join(" UNION ALL ")
-}
-
 /// The newest `lim` messages of each `(key, condition)` (conditions number their binds in
 /// `binds`), oldest first, in one statement per 100 conditions.
 pub(crate) async fn latest_pages(
@@ -1354,16 +1292,6 @@ async fn run_page(conn: &mut AnyConnection, base: &str, cond: String, desc: bool
     let mut msgs = rows::fetch_messages(conn, &sql, arguments(&binds)?).await?;
     rows::oldest_first(&mut msgs);
     Ok(msgs)
-}
-
-impl Bind {
-    fn clone_str(&self) -> String {
-        match self {
-            Bind::S(s) => s.clone(),
-            Bind::I(i) => i.to_string(),
-            Bind::F(f) => f.to_string(),
-        }
-    }
 }
 
 /// Fills users, reactions, thread participants and quoted messages of a page of one channel
@@ -1394,7 +1322,35 @@ pub(crate) async fn hydrate_messages_of(
     let mut ids: Vec<String> = msgs.iter().map(|m| m.id.clone()).collect();
     ids.sort();
     ids.dedup();
-    // Quoted messages (one level), hidden when not visible or deleted.
+    let quoted = visible_quotes(conn, msgs, viewer, truncated_at).await?;
+    let reactions = reactions_of(conn, &ids).await?;
+    let participants = thread_participants(conn, msgs).await?;
+    let users = load_users(conn, &users_named(msgs, &quoted, &reactions, &participants)).await?;
+    let user_of = |id: &str| users.get(id).cloned().unwrap_or_else(|| User::placeholder(id, "user"));
+    let own = viewer.user_id();
+    for m in msgs.iter_mut() {
+        m.user = Some(user_of(&m.user_id));
+        m.mentioned_user_objects = m.mentioned_users.iter().map(|u| user_of(u)).collect();
+        if let Some(qid) = &m.quoted_message_id {
+            m.quoted_message = quoted.get(qid).cloned().map(|mut q| {
+                q.user = Some(user_of(&q.user_id));
+                Box::new(q)
+            });
+        }
+        fill_reactions(m, reactions.get(&m.id).map(Vec::as_slice).unwrap_or_default(), own, &user_of);
+        m.thread_participants = participants.get(&m.id).map(|ps| ps.iter().map(|p| user_of(p)).collect()).unwrap_or_default();
+    }
+    Ok(())
+}
+
+/// The messages `msgs` quote (one level), by id: those deleted or not visible to `viewer` left
+/// out.
+async fn visible_quotes(
+    conn: &mut AnyConnection,
+    msgs: &[Message],
+    viewer: &Viewer,
+    truncated_at: &(dyn Fn(&str) -> Option<i64> + Sync),
+) -> Result<HashMap<String, Message>> {
     let mut quoted_ids: Vec<String> = msgs.iter().filter_map(|m| m.quoted_message_id.clone()).collect();
     quoted_ids.sort();
     quoted_ids.dedup();
@@ -1404,7 +1360,11 @@ pub(crate) async fn hydrate_messages_of(
             quoted.insert(m.id.clone(), m);
         }
     }
-    // Reactions.
+    Ok(quoted)
+}
+
+/// The reactions of the messages `ids` (each once), newest first, by message id.
+async fn reactions_of(conn: &mut AnyConnection, ids: &[String]) -> Result<HashMap<String, Vec<Reaction>>> {
     let backend = rows::backend_of(conn);
     let mut reactions: HashMap<String, Vec<Reaction>> = HashMap::new();
     for chunk in ids.chunks(300) {
@@ -1418,7 +1378,13 @@ pub(crate) async fn hydrate_messages_of(
             reactions.entry(r.message_id.clone()).or_default().push(r);
         }
     }
-    // Thread participants.
+    Ok(reactions)
+}
+
+/// The users who replied in the threads of `msgs` (those with replies), by parent id, in the
+/// order of their first reply.
+async fn thread_participants(conn: &mut AnyConnection, msgs: &[Message]) -> Result<HashMap<String, Vec<String>>> {
+    let backend = rows::backend_of(conn);
     let mut parents: Vec<String> = msgs.iter().filter(|m| m.reply_count > 0).map(|m| m.id.clone()).collect();
     parents.sort();
     parents.dedup();
@@ -1441,8 +1407,19 @@ pub(crate) async fn hydrate_messages_of(
             participants.entry(parent_id).or_default().push(user_id);
         }
     }
+    Ok(participants)
+}
+
+/// Every user the hydrated messages name: authors, mentions, pinners, quoted authors, reactors
+/// and thread participants.
+fn users_named(
+    msgs: &[Message],
+    quoted: &HashMap<String, Message>,
+    reactions: &HashMap<String, Vec<Reaction>>,
+    participants: &HashMap<String, Vec<String>>,
+) -> Vec<String> {
     let mut user_ids: HashSet<String> = HashSet::new();
-    for m in msgs.iter() {
+    for m in msgs {
         user_ids.insert(m.user_id.clone());
         user_ids.extend(m.mentioned_users.iter().cloned());
         if let Some(p) = &m.pinned_by_id {
@@ -1458,39 +1435,104 @@ pub(crate) async fn hydrate_messages_of(
     for ps in participants.values() {
         user_ids.extend(ps.iter().cloned());
     }
-    let users = load_users(conn, &user_ids.into_iter().collect::<Vec<_>>()).await?;
-    let user_of = |id: &str| users.get(id).cloned().unwrap_or_else(|| User::placeholder(id, "user"));
-    let own = viewer.user_id().map(str::to_string);
-    for m in msgs.iter_mut() {
-        m.user = Some(user_of(&m.user_id));
-        m.mentioned_user_objects = m.mentioned_users.iter().map(|u| user_of(u)).collect();
-        if let Some(qid) = &m.quoted_message_id {
-            m.quoted_message = quoted.get(qid).cloned().map(|mut q| {
-                q.user = Some(user_of(&q.user_id));
-                Box::new(q)
+    user_ids.into_iter().collect()
+}
+
+/// Sets the reaction counts, scores, latest ten and `own` (the viewer's) reactions of `m` from
+/// its reactions `rs` (newest first).
+fn fill_reactions(m: &mut Message, rs: &[Reaction], own: Option<&str>, user_of: &impl Fn(&str) -> User) {
+    m.reaction_counts.clear();
+    m.reaction_scores.clear();
+    m.latest_reactions.clear();
+    m.own_reactions.clear();
+    for r in rs {
+        let c = m.reaction_counts.entry(r.kind.clone()).or_insert(0.into());
+        *c = (c.as_i64().unwrap_or(0) + 1).into();
+        let s = m.reaction_scores.entry(r.kind.clone()).or_insert(0.into());
+        *s = (s.as_i64().unwrap_or(0) + r.score).into();
+        let mut r = r.clone();
+        r.user = Some(user_of(&r.user_id));
+        if own == Some(r.user_id.as_str()) {
+            m.own_reactions.push(r.clone());
+        }
+        if m.latest_reactions.len() < 10 {
+            m.latest_reactions.push(r);
+        }
+    }
+}
+
+/// A change of a stored message, given its channel as locked (it may run more than once: a
+/// retried or regrouped write).
+pub(crate) type ChangeFn = dyn Fn(&mut Message, &Channel) -> offshoot_core::error::Result<()> + Send + Sync;
+
+/// A queued change.
+pub(crate) type Change = Arc<ChangeFn>;
+
+/// An update of a stored message ([`Store::edit_message`]).
+pub(crate) struct QueuedUpdate {
+    pub(crate) id: String,
+    pub(crate) editor: Editor,
+    pub(crate) change: Change,
+}
+
+/// A new message ([`Store::send_message`]).
+pub(crate) struct QueuedSend {
+    pub(crate) cid: String,
+    pub(crate) new: NewMessage,
+    pub(crate) author: User,
+}
+
+impl Work for QueuedUpdate {
+    type Output = Message;
+    const KIND: &'static str = "update";
+
+    fn groups(store: &Store) -> &Groups<Self> {
+        &store.updates
+    }
+
+    fn key(&self) -> Option<&str> {
+        Some(&self.id)
+    }
+
+    async fn alone(&self, store: &Store) -> Result<Message> {
+        store.retrying("update_message", || store.update_message_once(&self.id, &self.editor, &*self.change)).await
+    }
+
+    async fn together(store: &Store, group: &[Self]) -> Result<Vec<Result<Message>>> {
+        store.retrying("update_messages", || store.update_messages_once(group)).await
+    }
+}
+
+impl Work for QueuedSend {
+    /// The message as written, and its channel's truncation (to hydrate it).
+    type Output = (Message, Option<i64>);
+    const KIND: &'static str = "send";
+
+    fn groups(store: &Store) -> &Groups<Self> {
+        &store.sends
+    }
+
+    /// Two groups written at once never share a channel: neither waits for the other's channel
+    /// locks, and a channel's sends are written in the order they arrived.
+    fn key(&self) -> Option<&str> {
+        Some(&self.cid)
+    }
+
+    async fn alone(&self, store: &Store) -> Result<(Message, Option<i64>)> {
+        store.retrying("send_message", || store.send_message_once(&self.cid, &self.new, &self.author)).await
+    }
+
+    /// Each send is checked and refused alone (`sends.rs`); those it leaves (a reply to or a
+    /// quote of a message of the same group, a second send of one id) are written alone after it.
+    async fn together(store: &Store, group: &[Self]) -> Result<Vec<Result<(Message, Option<i64>)>>> {
+        let outcomes = store.retrying("send_messages", || store.send_messages_once(group)).await?;
+        let mut out = Vec::with_capacity(group.len());
+        for (s, outcome) in group.iter().zip(outcomes) {
+            out.push(match outcome {
+                Some(outcome) => outcome,
+                None => s.alone(store).await,
             });
         }
-        m.reaction_counts.clear();
-        m.reaction_scores.clear();
-        m.latest_reactions.clear();
-        m.own_reactions.clear();
-        if let Some(rs) = reactions.get(&m.id) {
-            for r in rs {
-                let c = m.reaction_counts.entry(r.kind.clone()).or_insert(0.into());
-                *c = (c.as_i64().unwrap_or(0) + 1).into();
-                let s = m.reaction_scores.entry(r.kind.clone()).or_insert(0.into());
-                *s = (s.as_i64().unwrap_or(0) + r.score).into();
-                let mut r = r.clone();
-                r.user = Some(user_of(&r.user_id));
-                if own.as_deref() == Some(r.user_id.as_str()) {
-                    m.own_reactions.push(r.clone());
-                }
-                if m.latest_reactions.len() < 10 {
-                    m.latest_reactions.push(r);
-                }
-            }
-        }
-        m.thread_participants = participants.get(&m.id).map(|ps| ps.iter().map(|p| user_of(p)).collect()).unwrap_or_default();
+        Ok(out)
     }
-    Ok(())
 }

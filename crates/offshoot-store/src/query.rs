@@ -2,7 +2,7 @@
 //! values. Field names never reach the SQL text: built-in fields map to fixed column
 //! expressions, custom fields are bound as JSON keys; every value is a bind parameter.
 
-use crate::messages::Bind;
+use crate::sql::Bind;
 use crate::Backend;
 use offshoot_core::query::{ChannelField, ChannelSortField, Filter, Op, Scalar, Sort, UserField, UserSortField};
 use offshoot_core::Error;

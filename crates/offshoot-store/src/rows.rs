@@ -502,7 +502,7 @@ pub(crate) fn oldest_first(msgs: &mut [Message]) {
 /// n, …`: no commas inside an expression) in `T`'s field order, read on SQLite as one JSON array
 /// of arrays that SQLite builds. sqlx's SQLite driver hands every row from its worker thread to
 /// the task and its `Any` driver converts every column into an owned value: 10 of the 16 ms a
-/// 750-message Query Channels page spent in its statement (BENCHMARKS.md, seventh session); one
+/// 750-message Query Channels page spent in its statement (docs/performance.md, "SQLite through sqlx"); one
 /// text value crosses instead. PostgreSQL's rows decode in the task, and building the JSON there
 /// was not faster (same place): columns, as usual. The order of the rows is not kept: callers
 /// sort.
@@ -541,7 +541,7 @@ pub(crate) fn placeholders(first: usize, n: usize) -> String {
 /// they are anonymous `?` (the i-th is parameter i). SQLite finds a numbered parameter's name
 /// by walking the list of every name, for each parameter bound and each one parsed, so binding
 /// a statement of n numbered parameters costs n² steps: a group's 1,800 took a third of the
-/// writer's time (BENCHMARKS.md, eleventh session).
+/// writer's time (docs/performance.md, "SQLite through sqlx").
 pub(crate) fn many_placeholders(backend: crate::Backend, first: usize, n: usize) -> String {
     match backend {
         crate::Backend::Sqlite => vec!["?"; n].join(", "),
@@ -561,7 +561,7 @@ pub(crate) fn lateral(keys: &str, columns: &str, inner: &str) -> String {
 /// join by `OFFSET 0`). PostgreSQL without statistics for a table (never analysed: autovacuum
 /// off, or not yet run) plans an `IN` list of hundreds of values as a scan of the whole table:
 /// 64 ms for the thread participants of 100 messages in a table of 147,000, 2.7 ms this way
-/// (BENCHMARKS.md, twenty-fourth session).
+/// (docs/performance.md, "Query Channels").
 pub(crate) fn rows_with_one_of(backend: crate::Backend, select_from: &str, column: &str, n: usize) -> String {
     match backend {
         crate::Backend::Sqlite => format!("{select_from} {column} IN ({})", placeholders(1, n)),

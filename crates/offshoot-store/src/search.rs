@@ -10,7 +10,9 @@
 //! [`PG_DOCUMENT`], ranked by `ts_rank`. Relevance is "higher is better" on both.
 
 use crate::channels::load_channels;
-use crate::messages::{arguments, hydrate_messages_of, visible_after, Bind};
+use crate::messages::hydrate_messages_of;
+use crate::sql::{arguments, Bind};
+use crate::visibility::visible_after;
 use crate::query::{channel_condition, custom_leaf, SqlBuilder};
 use crate::rows::{MessageRow, MESSAGE_COLS};
 use crate::{Backend, Result, Store};

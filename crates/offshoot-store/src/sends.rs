@@ -3,8 +3,8 @@
 //! in one, the messages its replies and quotes name in one, its rows inserted in one, the unread
 //! counters in one, its channels recorded in one, its recipients' totals in one, its events in
 //! one. Written one by one in one transaction, a group held its channels' locks for five round
-//! trips per message and PostgreSQL sustained fewer sends than without groups (BENCHMARKS.md,
-//! twelfth session).
+//! trips per message and PostgreSQL sustained fewer sends than without groups (docs/performance.md,
+//! "Group commit").
 //!
 //! Each send is checked as a lone send is ([`Store::send_message_once`], the same checks in the
 //! same order, with the same errors), and a refused send writes nothing: its checks come before
@@ -16,10 +16,9 @@
 //! What differs from sends written one by one: every send of a group carries its recipients'
 //! unread totals as they are after the whole group (a lone send's are as after it).
 
-use crate::batch::QueuedSend;
 use crate::channels::{bump_channels, lock_channels};
-use crate::messages::{check_parent, check_quote, check_reserved, ensure_user, id_taken, insert_new_rows, load_messages, new_row};
-use crate::users::load_users;
+use crate::messages::{check_parent, check_quote, check_reserved, id_taken, insert_new_rows, load_messages, new_row, QueuedSend};
+use crate::users::{ensure_user, load_users};
 use crate::{domain, not_found, rows, Result, Store};
 use offshoot_core::model::{Channel, Message};
 use offshoot_core::{ids, time};
@@ -35,15 +34,7 @@ impl Store {
     pub(crate) async fn send_messages_once(&self, items: &[QueuedSend]) -> Result<Vec<Option<Result<Sent>>>> {
         let mut outcomes: Vec<Option<Result<Sent>>> = items.iter().map(|_| None).collect();
         let ids: Vec<String> = items.iter().map(|s| if s.new.id.is_empty() { ids::new_id() } else { s.new.id.clone() }).collect();
-        let in_group: HashSet<&str> = ids.iter().map(String::as_str).collect();
-        let mut seen = HashSet::new();
-        let live: Vec<usize> = (0..items.len())
-            .filter(|i| {
-                let new = &items[*i].new;
-                let names_group = [&new.parent_id, &new.quoted_message_id].into_iter().flatten().any(|r| in_group.contains(r.as_str()));
-                seen.insert(ids[*i].as_str()) && !names_group
-            })
-            .collect();
+        let live = written_together(items, &ids);
         if live.is_empty() {
             return Ok(outcomes);
         }
@@ -60,18 +51,7 @@ impl Store {
         // The checks of a lone send, in its order; a refused send writes nothing.
         let mut accepted = Vec::with_capacity(live.len());
         for i in live {
-            let s = &items[i];
-            let checked = match channels.get(&s.cid) {
-                None => not_found(format!("channel {:?} does not exist", s.cid)),
-                Some(ch) if ch.deleted_at.is_some() => not_found(format!("channel {:?} was deleted", s.cid)),
-                Some(ch) => ch
-                    .check_text(&s.new.text)
-                    .map_err(Into::into)
-                    .and_then(|()| check_reserved(ch, &ids[i]))
-                    .and_then(|()| check_parent(ch, &s.new, s.new.parent_id.as_ref().and_then(|p| named.get(p))))
-                    .and_then(|()| check_quote(ch, &s.new, s.new.quoted_message_id.as_ref().and_then(|q| named.get(q)))),
-            };
-            match checked {
+            match check_send(&items[i], &ids[i], &channels, &named) {
                 Ok(()) => accepted.push(i),
                 Err(e) => outcomes[i] = Some(Err(e)),
             }
@@ -108,13 +88,7 @@ impl Store {
         let kept_msgs: Vec<&Message> = kept.iter().map(|(_, m)| m).collect();
         count_replies(&mut tx, &kept_msgs).await?;
         crate::unread::count_new_messages(&mut tx, &kept_msgs, |cid| channels[cid].truncated_at).await?;
-        let mut bumps: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
-        for m in &kept_msgs {
-            let (n, last) = bumps.entry(&m.cid).or_insert((0, m.created_at));
-            *n += 1;
-            *last = (*last).max(m.created_at);
-        }
-        let bumps: Vec<(String, i64, i64)> = bumps.into_iter().map(|(cid, (n, last))| (cid.to_string(), n, last)).collect();
+        let bumps = channel_bumps(&kept_msgs);
         let last_at = now + (kept.len() as i64 - 1) * 1_000;
         let watchers = bump_channels(&mut tx, &bumps, last_at).await?;
         let kept_cids: Vec<String> = bumps.into_iter().map(|(cid, _, _)| cid).collect();
@@ -134,6 +108,47 @@ impl Store {
         tx.commit(self).await?;
         Ok(outcomes)
     }
+}
+
+/// The sends of `items` (with the message ids `ids`) that this group writes: not a second send
+/// of one id, and not a reply to or a quote of a message of the same group (module doc).
+fn written_together(items: &[QueuedSend], ids: &[String]) -> Vec<usize> {
+    let in_group: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let mut seen = HashSet::new();
+    (0..items.len())
+        .filter(|i| {
+            let new = &items[*i].new;
+            let names_group = [&new.parent_id, &new.quoted_message_id].into_iter().flatten().any(|r| in_group.contains(r.as_str()));
+            seen.insert(ids[*i].as_str()) && !names_group
+        })
+        .collect()
+}
+
+/// The checks of a lone send of `s` with the message id `id`, in its order, against its locked
+/// channel and the messages its reply and quote name.
+fn check_send(s: &QueuedSend, id: &str, channels: &HashMap<String, Channel>, named: &HashMap<String, (Message, bool)>) -> Result<()> {
+    match channels.get(&s.cid) {
+        None => not_found(format!("channel {:?} does not exist", s.cid)),
+        Some(ch) if ch.deleted_at.is_some() => not_found(format!("channel {:?} was deleted", s.cid)),
+        Some(ch) => ch
+            .check_text(&s.new.text)
+            .map_err(Into::into)
+            .and_then(|()| check_reserved(ch, id))
+            .and_then(|()| check_parent(ch, &s.new, s.new.parent_id.as_ref().and_then(|p| named.get(p))))
+            .and_then(|()| check_quote(ch, &s.new, s.new.quoted_message_id.as_ref().and_then(|q| named.get(q)))),
+    }
+}
+
+/// Each channel of `msgs` with how many of them it gets and the newest one's `created_at`, by
+/// cid (the order the channels were locked in).
+fn channel_bumps(msgs: &[&Message]) -> Vec<(String, i64, i64)> {
+    let mut bumps: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    for m in msgs {
+        let (n, last) = bumps.entry(&m.cid).or_insert((0, m.created_at));
+        *n += 1;
+        *last = (*last).max(m.created_at);
+    }
+    bumps.into_iter().map(|(cid, (n, last))| (cid.to_string(), n, last)).collect()
 }
 
 /// The distinct values of `it`, sorted.

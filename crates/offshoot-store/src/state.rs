@@ -4,9 +4,11 @@
 
 use crate::channels::read_states_sql;
 use crate::channels::ReadState;
-use crate::messages::{arguments, hydrate_messages_of, latest_pages, page_sql, pins_sql, union_all, visible_after, visible_to, Bind, Page};
+use crate::messages::{hydrate_messages_of, latest_pages, page_sql, pins_sql, Page};
 use crate::rows::{self, lateral, placeholders, MemberRow, MEMBER_COLS};
+use crate::sql::{arguments, union_all, Bind};
 use crate::users::load_users;
+use crate::visibility::{visible_after, visible_to};
 use crate::{counted, Backend, Result, Store};
 use offshoot_core::model::{Channel, Member, Message, Viewer};
 use sqlx::{AnyConnection, AssertSqlSafe};
@@ -180,7 +182,7 @@ fn cid_arguments(cids: &[String]) -> Result<sqlx::any::AnyArguments> {
 /// `n` channels bound as `$1 … $n`. PostgreSQL: one `LATERAL` subquery over a `VALUES` list of
 /// the cids, planned once; a `UNION ALL` of `n` copies was planned copy by copy on every
 /// execution (plans are made per execution here, `Store::connect`), 4–9 ms per statement for 30
-/// channels, more than running it (BENCHMARKS.md, "Query Channels: planning"). SQLite has no
+/// channels, more than running it (docs/performance.md, "Query Channels"). SQLite has no
 /// `LATERAL` and plans a union in microseconds: the union.
 fn per_channel(backend: Backend, n: usize, each: impl Fn(&str) -> String) -> String {
     match backend {

@@ -78,8 +78,8 @@ pub(crate) async fn count_new_messages(tx: &mut Tx, msgs: &[&Message], truncated
 /// rows removed), with the channel locked, and only for a message that is not hidden by a rewind.
 ///
 /// A delete once recounted the whole channel: 343 ms on a 50,000-message channel under the
-/// channel lock (BENCHMARKS.md, fifth session, "What a statement log showed while a
-/// 50,000-message source was written").
+/// channel lock (docs/performance.md,
+/// "Unread counters").
 pub(crate) async fn uncount_message(tx: &mut Tx, m: &Message, truncated_at: Option<i64>) -> Result<()> {
     if !counts(m, truncated_at) || m.deleted_at.is_some() {
         return Ok(());
@@ -95,7 +95,7 @@ async fn add_for_readers(tx: &mut Tx, m: &Message, delta: i64) -> Result<()> {
     let restricted = if m.restricted_visibility.is_empty() {
         String::new()
     } else {
-        format!(" AND {}", crate::messages::restricted_to("$5", "member.user_id"))
+        format!(" AND {}", crate::visibility::restricted_to("$5", "member.user_id"))
     };
     let mut q = sqlx::query(AssertSqlSafe(format!(
         "UPDATE member SET unread_count = unread_count + $4 \
@@ -126,7 +126,7 @@ pub(crate) async fn recount(tx: &mut Tx, cid: &str, user: Option<&str>) -> Resul
            AND m.type NOT IN ('system', 'deleted', 'ephemeral', 'error') AND (m.parent_id IS NULL OR m.show_in_channel = TRUE) \
            AND (m.restricted_visibility = '[]' OR {})) \
          WHERE cid = $1{only}",
-        crate::messages::restricted_to("m.id", "member.user_id")
+        crate::visibility::restricted_to("m.id", "member.user_id")
     );
     let mut q = sqlx::query(AssertSqlSafe(sql)).bind(cid.to_string());
     if let Some(u) = user {
@@ -151,11 +151,11 @@ pub(crate) async fn clear(tx: &mut Tx, cid: &str, user: &str) -> Result<()> {
 ///
 /// The plan must start from the users' member rows (`member` by `user_id`) whatever the
 /// statistics: PostgreSQL run without them (autovacuum off) took `channel … deleted_at IS NULL`
-/// for one row and scanned every channel of the database for each send (BENCHMARKS.md, fourth
-/// session). The channel's deletion is therefore a correlated lookup, which the planner cannot
+/// for one row and scanned every channel of the database for each send (docs/performance.md,
+/// "PostgreSQL without statistics"). The channel's deletion is therefore a correlated lookup, which the planner cannot
 /// turn into a join of its choosing, and it looks in the index of deleted channels only
 /// (`channel_deleted`): the channel rows themselves are rewritten by every send, and reading
-/// them was the largest cost of a send on PostgreSQL (BENCHMARKS.md, tenth session). Member rows
+/// them was the largest cost of a send on PostgreSQL (docs/performance.md, "Send path on PostgreSQL"). Member rows
 /// exist only for existing channels (a hard delete removes them with the channel).
 const TOTALS: &str = "SELECT mb.user_id AS user_id, CAST(SUM(mb.unread_count) AS BIGINT) AS total, \
      CAST(SUM(CASE WHEN mb.unread_count > 0 THEN 1 ELSE 0 END) AS BIGINT) AS channels \

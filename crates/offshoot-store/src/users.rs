@@ -1,10 +1,10 @@
 //! Users, bans and channel types.
 
 use crate::cache::ChannelTypes;
-use crate::messages::arguments;
 use crate::query::{user_condition, user_order, SqlBuilder};
 use crate::rows::{self, placeholders, ChannelTypeRow, UserRow, CHANNEL_TYPE_COLS, USER_COLS, USER_ONLINE};
-use crate::{not_found, Result, Store};
+use crate::sql::arguments;
+use crate::{not_found, Result, Store, Tx};
 use offshoot_core::model::{ChannelType, Custom, User};
 use offshoot_core::query::{Filter, Sort, UserField, UserSortField};
 use offshoot_core::time;
@@ -382,4 +382,39 @@ pub(crate) async fn load_users(conn: &mut sqlx::AnyConnection, ids: &[String]) -
         }
     }
     Ok(out)
+}
+
+/// Creates the user on first sight (server-side calls may name users they never upserted).
+pub(crate) async fn ensure_user(tx: &mut Tx, user: &User) -> Result<User> {
+    let role = if user.role.is_empty() { "user" } else { user.role.as_str() };
+    let mut users = ensure_users(tx, std::slice::from_ref(&user.id), role).await?;
+    match users.remove(&user.id) {
+        Some(u) => Ok(u),
+        None => not_found(format!("user {:?} was deleted while it was used", user.id)),
+    }
+}
+
+/// The users `ids`, each created with `role` first when it does not exist: one read when they
+/// all exist (a fork names its creator and every member).
+pub(crate) async fn ensure_users(tx: &mut Tx, ids: &[String], role: &str) -> Result<HashMap<String, User>> {
+    let mut users = load_users(&mut tx.tx, ids).await?;
+    let mut missing: Vec<String> = ids.iter().filter(|id| !users.contains_key(*id)).cloned().collect();
+    if missing.is_empty() {
+        return Ok(users);
+    }
+    missing.sort();
+    missing.dedup();
+    let now = time::now();
+    for chunk in missing.chunks(500) {
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("(${}, $1, $2, $2)", i + 3)).collect();
+        let sql =
+            format!("INSERT INTO app_user (id, role, created_at, updated_at) VALUES {} ON CONFLICT (id) DO NOTHING", values.join(", "));
+        let mut q = sqlx::query(AssertSqlSafe(sql)).bind(role.to_string()).bind(now);
+        for id in chunk {
+            q = q.bind(id.clone());
+        }
+        q.execute(crate::counted(&mut *tx.tx)).await?;
+    }
+    users.extend(load_users(&mut tx.tx, &missing).await?);
+    Ok(users)
 }

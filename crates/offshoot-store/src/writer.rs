@@ -2,7 +2,7 @@
 //! (every API and WebSocket write) and background pages (fork backfills). A background page
 //! takes the lock only when no request is waiting for it, so a request waits for at most the
 //! one page in progress instead of queueing behind every backfill's next page
-//! (BENCHMARKS.md, figure c). A background page that has waited
+//! (docs/performance.md, "SQLite writer and backfill pages"). A background page that has waited
 //! [`BACKGROUND_PATIENCE`] takes its turn anyway, so a steady stream of requests cannot starve a
 //! backfill.
 //!

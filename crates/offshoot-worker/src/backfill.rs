@@ -7,32 +7,14 @@
 //! A page that fails ends the job and pushes a new one after an exponential back-off; after
 //! the last attempt the fork becomes `failed` (`backfill_error`).
 
+pub use crate::jobs::BackfillJob;
 use crate::queue::{LiveState, BACKFILL_QUEUE};
 use crate::Shared;
 use apalis::prelude::{BoxDynError, Data};
 use offshoot_store::BackfillStep;
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BackfillJob {
-    pub fork_cid: String,
-    /// Attempts that failed in a row before this one.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub failures: u32,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-impl BackfillJob {
-    pub fn new(fork_cid: &str) -> BackfillJob {
-        BackfillJob { fork_cid: fork_cid.to_string(), failures: 0 }
-    }
-}
 
 /// How backfills run and are retried.
 #[derive(Debug, Clone)]
@@ -40,10 +22,10 @@ pub struct BackfillPolicy {
     /// Messages copied per transaction, at most.
     pub page_size: i64,
     /// On SQLite, the longest a page should take while requests wait: a page holds the one
-    /// write lock, and a request arriving meanwhile waits for it (BENCHMARKS.md, figure c). A
+    /// write lock, and a request arriving meanwhile waits for it (docs/performance.md, "SQLite writer and backfill pages"). A
     /// page that a request waited for and that took longer makes the next one smaller (down
     /// to [`MIN_PAGE`]); pages grow back to `page_size` when they are fast again or nobody
-    /// waited, so an idle server copies in full pages (BENCHMARKS.md, the apalis worker). On
+    /// waited, so an idle server copies in full pages (docs/performance.md, "Worker (apalis)"). On
     /// PostgreSQL a page locks only its fork's rows, so pages stay at `page_size`.
     pub page_budget: Duration,
     /// Pause between pages (0 in production; tests use it to stop a worker mid-backfill).
@@ -63,7 +45,7 @@ impl Default for BackfillPolicy {
             page_size: offshoot_core::fork::BACKFILL_PAGE,
             // A send at 100/s waits for at most one page: 50 ms pages made the sends' p99 during
             // four backfills 50–130 ms, 2–4 ms pages 27–31 ms, at three to four times the backfills'
-            // time (BENCHMARKS.md, eighth session). An idle server still copies full pages.
+            // time (docs/performance.md, "SQLite writer and backfill pages"). An idle server still copies full pages.
             page_budget: Duration::from_millis(4),
             page_delay: Duration::ZERO,
             max_attempts: 8,
@@ -112,7 +94,7 @@ async fn run(job: BackfillJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
                     shared.store.fail_backfill(cid, offshoot_core::fork::FAILED_BACKFILL_ERROR).await?;
                     return Ok(());
                 }
-                let delay = crate::backoff(policy.backoff_base, policy.backoff_max, failures);
+                let delay = offshoot_store::backoff(policy.backoff_base, policy.backoff_max, failures);
                 tracing::warn!(fork = cid, attempt = failures, retry_in_s = delay.as_secs(), error = %e, "backfill page failed; retrying later");
                 shared.pools.push_backfill(BackfillJob { fork_cid: cid.to_string(), failures }, delay).await?;
                 return Ok(());
@@ -136,8 +118,9 @@ const RECENT_TRAFFIC: Duration = Duration::from_secs(1);
 /// The size of a backfill's first page: a full page on an idle server (and on PostgreSQL), but
 /// the smallest one while requests are writing, since a larger first page holds the write lock
 /// before the sizing below learns that requests wait for it: first pages of an eighth (125
-/// rows) took 40–90 ms each when four forks started at once, and the sends right after a
-/// round's fork requests were the slowest of figure c (BENCHMARKS.md, twentieth session). From
+/// rows) took 40–90 ms each when four forks started at once, and the sends right after the
+/// fork requests were the slowest of figure c (docs/performance.md, "SQLite writer and backfill
+/// pages"). From
 /// there pages grow while nobody waits.
 fn first_page_size(since_last_request: Option<Duration>, policy: &BackfillPolicy) -> i64 {
     match since_last_request {
@@ -153,10 +136,10 @@ fn first_page_size(since_last_request: Option<Duration>, policy: &BackfillPolicy
 ///
 /// `took` is the whole step, its wait for the write lock included: with several backfills at
 /// once that wait is behind the others' pages, so while requests keep arriving pages stay near
-/// [`MIN_PAGE`] (about 2.5 ms of the lock each). Sizing by the page's own hold of the lock
-/// instead was tried: pages of 100–500 rows, the four backfills of figure c three times faster,
-/// and the sends' p99 during them twice as long (BENCHMARKS.md, thirteenth session), so the
-/// sends' tail, which is the goal, keeps this.
+/// [`MIN_PAGE`] (about 2.5 ms of the lock each). Sized by the page's own hold of the lock
+/// instead, pages are of 100–500 rows, the four backfills of figure c three times faster, and
+/// the sends' p99 during them twice as long (docs/performance.md, "SQLite writer and backfill
+/// pages"): the sends' tail is the goal.
 fn next_page_size(size: i64, took: Duration, held_up: bool, policy: &BackfillPolicy) -> i64 {
     let scale = match held_up {
         true => policy.page_budget.as_secs_f64() / took.as_secs_f64().max(1e-4),

@@ -35,6 +35,7 @@
 //! must not depend on axum, the API or the WebSocket crate.
 
 pub mod backfill;
+pub mod jobs;
 pub mod queue;
 pub mod record;
 pub mod webhooks;
@@ -147,7 +148,7 @@ impl Queue {
 /// worker's future, so every wake-up of a handler (each database reply of a backfill page) also
 /// polled the worker's queue, which fetched again each time: hundreds of empty fetches a second
 /// (`get_jobs` on PostgreSQL, an `UPDATE` of `Jobs` on SQLite) competing with the backfill for
-/// the CPU (BENCHMARKS.md, issue 6). On its own task the work wakes the worker once, when it ends.
+/// the CPU (docs/performance.md, "Worker (apalis)"). On its own task the work wakes the worker once, when it ends.
 pub(crate) async fn on_own_task<F>(work: F) -> Result<(), apalis::prelude::BoxDynError>
 where
     F: std::future::Future<Output = Result<(), apalis::prelude::BoxDynError>> + Send + 'static,
@@ -340,36 +341,6 @@ async fn reconcile_loop(shared: Arc<Shared>, every: Duration, stall_after: Durat
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
-        }
-    }
-}
-
-/// The pause before attempt `failed + 1`: `base` doubled for each failure after the first, at
-/// most `max`, jittered to between half and all of that.
-pub fn backoff(base: Duration, max: Duration, failed: u32) -> Duration {
-    let exp = base.saturating_mul(1u32 << failed.saturating_sub(1).min(20)).min(max);
-    let half = exp / 2;
-    half + Duration::from_millis(random_below(half.as_millis() as u64 + 1))
-}
-
-/// A uniformly random number below `n` (`n` > 0).
-pub(crate) fn random_below(n: u64) -> u64 {
-    (uuid::Uuid::new_v4().as_u128() % n.max(1) as u128) as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter_in_the_upper_half() {
-        let (base, max) = (Duration::from_secs(2), Duration::from_secs(60));
-        for (failed, full) in [(1, 2), (2, 4), (3, 8), (5, 32), (6, 60), (40, 60)] {
-            for _ in 0..50 {
-                let d = backoff(base, max, failed);
-                let full = Duration::from_secs(full);
-                assert!(d >= full / 2 && d <= full, "attempt {failed}: {d:?} not within [{:?}, {full:?}]", full / 2);
-            }
         }
     }
 }

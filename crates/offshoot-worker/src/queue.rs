@@ -2,8 +2,7 @@
 //! migrations, pushing jobs, and the few reads of apalis's tables that apalis has no API for
 //! (live jobs of a queue for the reconciler, counts per state, removing finished jobs).
 
-use crate::backfill::BackfillJob;
-use crate::webhooks::DeliveryJob;
+use crate::jobs::{BackfillJob, DeliveryJob};
 use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
 use apalis_postgres::PostgresStorage;
 use apalis_sqlite::SqliteStorage;
@@ -414,8 +413,8 @@ mod tests {
         }
     }
 
-    /// The lost wake-up behind a fork that waited for the next poll (BENCHMARKS.md, ninth
-    /// session): apalis may not poll the strategy again after it yielded, so the push that
+    /// The lost wake-up behind a fork that waited for the next poll (docs/performance.md,
+    /// "Worker (apalis)"): apalis may not poll the strategy again after it yielded, so the push that
     /// follows must wake the task that polled last without another poll in between.
     #[tokio::test]
     async fn a_push_wakes_the_last_polling_task_without_another_poll_after_a_yield() {

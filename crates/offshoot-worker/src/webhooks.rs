@@ -20,6 +20,7 @@
 //! spending an attempt; when it half-opens one delivery probes, and a success closes it. The
 //! circuit is kept per worker process. Other endpoints are never held back.
 
+pub use crate::jobs::DeliveryJob;
 use crate::queue::{ulid_of, QueueError};
 use crate::record::{self, Attempt};
 use crate::Shared;
@@ -31,7 +32,6 @@ use offshoot_core::render::{self, Dialect};
 use offshoot_core::time;
 use offshoot_store::{DeadLetterRecord, Store};
 use secrecy::ExposeSecret;
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,6 @@ use tokio_util::sync::CancellationToken;
 
 /// The outbox cursor of webhook queueing.
 pub const CURSOR: &str = "webhooks";
-const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Events read from the outbox per query.
 const BATCH: i64 = 500;
 
@@ -74,25 +73,6 @@ impl Default for WebhookPolicy {
     }
 }
 
-/// One delivery of one event to one endpoint, as queued.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeliveryJob {
-    /// `X-Webhook-Id`: the same on every attempt and replay.
-    pub id: String,
-    pub url: String,
-    pub event_type: String,
-    pub seq: i64,
-    /// The exact body, rendered when the event was queued; every attempt sends it unchanged.
-    pub body: String,
-    /// 1-based number of this attempt (`X-Webhook-Attempt`).
-    pub attempt: u32,
-    /// When the retry window started (Unix nanoseconds).
-    pub window_start: i64,
-    /// Why the previous attempt failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
 /// The delivery id of an event at an endpoint.
 pub fn delivery_id(seq: i64, url: &str) -> uuid::Uuid {
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, format!("offshoot:webhook:{seq}:{url}").as_bytes())
@@ -103,36 +83,11 @@ pub fn delivery_id(seq: i64, url: &str) -> uuid::Uuid {
 
 /// Turns outbox events into delivery jobs until `shutdown`.
 pub async fn relay(shared: Arc<Shared>, shutdown: CancellationToken) {
-    let notify = shared.store.event_notify();
-    let mut failing = false;
     let mut cursor = Cursor::default();
     tracing::info!("webhook queueing started");
-    let mut read_at = tokio::time::Instant::now();
-    loop {
-        // Registered before reading, so a commit during the read still wakes the next wait.
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        // Paced: at most one read per gap while commits keep waking it.
-        tokio::time::sleep_until(read_at + offshoot_store::OUTBOX_READ_GAP).await;
-        read_at = tokio::time::Instant::now();
-        match queue_new(&shared, &mut cursor).await {
-            Ok(()) if failing => {
-                failing = false;
-                tracing::info!("webhook queueing works again");
-            }
-            Ok(()) => {}
-            Err(e) if !failing => {
-                failing = true;
-                tracing::error!(error = %e, "webhook queueing failed; retrying");
-            }
-            Err(_) => {}
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = &mut notified => {}
-            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-        }
+    let mut outbox = shared.store.follow_outbox("webhook queueing");
+    while outbox.next(shutdown.cancelled()).await {
+        outbox.read(queue_new(&shared, &mut cursor).await);
     }
     if let Err(e) = cursor.store(&shared.store).await {
         tracing::warn!(error = %e, "saving the webhook cursor at shutdown failed; the events since are read again");
@@ -146,7 +101,7 @@ const CURSOR_LAG: Duration = Duration::from_secs(1);
 /// The relay's place in the outbox. Events that queue no delivery (no endpoint, or none for
 /// their type) move it in memory only, and it is stored at most every [`CURSOR_LAG`]: storing
 /// it is a write transaction, and one per batch of such events was a fifth of the write
-/// transactions of agent streaming on SQLite (BENCHMARKS.md, seventh session). Events read
+/// transactions of agent streaming on SQLite (docs/performance.md, "Worker (apalis)"). Events read
 /// again after a restart queue nothing again; a delivery is stored before the events that
 /// follow it are read.
 #[derive(Default)]
@@ -402,7 +357,7 @@ async fn run(job: DeliveryJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
             dead_letter(&shared, &job, job.attempt, &reason).await
         }
         Outcome::Retry(reason) => {
-            let delay = crate::backoff(policy.backoff_base, policy.backoff_max, job.attempt);
+            let delay = offshoot_store::backoff(policy.backoff_base, policy.backoff_max, job.attempt);
             if time::now() + delay.as_nanos() as i64 > deadline {
                 record::webhook_attempt(Attempt::Failed);
                 tracing::warn!(delivery = %job.id, event = %job.event_type, url = %job.url, attempt = job.attempt, %reason, "webhook not delivered within the retry window; dead-lettered");
@@ -530,7 +485,7 @@ impl Circuits {
         c.failures += 1;
         c.probing = false;
         if c.failures >= policy.circuit_threshold {
-            let open_for = crate::backoff(policy.backoff_base, policy.backoff_max, c.failures - policy.circuit_threshold + 1);
+            let open_for = offshoot_store::backoff(policy.backoff_base, policy.backoff_max, c.failures - policy.circuit_threshold + 1);
             if c.open_until.is_none() {
                 tracing::warn!(%url, failures = c.failures, "webhook endpoint keeps failing; circuit open");
             }
@@ -541,9 +496,7 @@ impl Circuits {
 
 /// `d` plus up to a quarter more, at least one second (apalis schedules in whole seconds).
 fn jitter_up(d: Duration) -> Duration {
-    let extra = d / 4;
-    let extra = Duration::from_millis(crate::random_below(extra.as_millis() as u64 + 1));
-    (d + extra).max(Duration::from_secs(1))
+    offshoot_store::jittered(d, d / 4).max(Duration::from_secs(1))
 }
 
 #[cfg(test)]

@@ -32,7 +32,8 @@ const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_INCOMING: usize = 64 * 1024;
 /// The WebSocket read buffer of each connection. The library's default (128 KiB) is filled
 /// with zeros up to its capacity on every read, so it is resident for every idle connection
-/// (145 KiB per connection in BENCHMARKS.md, figure d); frames from clients are small.
+/// (145 KiB per connection in figure d; docs/performance.md, "Memory: connections, allocator and
+/// huge pages"); frames from clients are small.
 const READ_BUFFER: usize = 4 * 1024;
 
 /// Close codes: 1000 stops JS from reconnecting (a rejected connection); 1001 and 1013 make

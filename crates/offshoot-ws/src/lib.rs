@@ -37,8 +37,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Events queued per connection before it counts as too slow and is closed.
 const QUEUE_CAPACITY: usize = 1024;
-/// How often the outbox is read without being woken (events written by other processes).
-const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// Events read from the outbox per query.
 const BATCH: i64 = 500;
 /// How often this process renews its instance heartbeat and looks for dead instances.
@@ -236,42 +234,17 @@ impl Hub {
     }
 
     async fn follow_outbox(&self, shutdown: &CancellationToken) {
-        let notify = self.store.event_notify();
         let mut cursor: Option<i64> = None;
-        let mut failing = false;
-        let mut read_at = tokio::time::Instant::now();
-        loop {
-            // Registered before reading, so a commit during the read still wakes the next wait.
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            // Paced: at most one read per gap while commits keep waking it.
-            tokio::time::sleep_until(read_at + offshoot_store::OUTBOX_READ_GAP).await;
-            read_at = tokio::time::Instant::now();
-            let result = match cursor {
+        let mut outbox = self.store.follow_outbox("reading the event outbox");
+        while outbox.next(shutdown.cancelled()).await {
+            let read = match cursor {
                 None => self.store.last_event_seq().await.map(|seq| {
                     offshoot_store::set_consumer_cursor("websocket", seq);
                     cursor = Some(seq)
                 }),
                 Some(ref mut seq) => self.catch_up(seq).await,
             };
-            match result {
-                Ok(()) if failing => {
-                    failing = false;
-                    tracing::info!("reading the event outbox works again");
-                }
-                Ok(()) => {}
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::error!(error = %e, "reading the event outbox failed; retrying");
-                }
-                Err(_) => {}
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = &mut notified => {}
-                _ = tokio::time::sleep(POLL_INTERVAL) => {}
-            }
+            outbox.read(read);
         }
     }
 

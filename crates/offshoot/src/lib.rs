@@ -28,16 +28,7 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         tracing::warn!(error = %e, "could not turn transparent huge pages off for this process");
     }
     let store = Store::connect(&config.database_url).await.map_err(|e| anyhow::anyhow!("opening the database: {e}"))?;
-    let (api_key, api_secret, generated) = store
-        .ensure_app(config.api_key.as_deref(), config.api_secret.as_ref().map(|s| s.expose_secret()))
-        .await
-        .map_err(|e| anyhow::anyhow!("loading the app: {e}"))?;
-    if generated {
-        println!("offshoot: generated an API key pair (stored in the database)\n  OFFSHOOT_API_KEY={api_key}\n  OFFSHOOT_API_SECRET={api_secret}");
-    } else {
-        tracing::info!(api_key = %api_key, "app loaded");
-    }
-    let api_secret = SecretString::from(api_secret);
+    let (api_key, api_secret) = load_app(&store, &config).await?;
     // Every role pushes jobs (the API queues backfills), so every role opens the queue.
     let queue = offshoot_worker::Queue::connect(store.clone(), &config.database_url)
         .await
@@ -51,6 +42,48 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     // still must not grow the event table for ever.
     tasks.spawn(prune_outbox(store.clone(), config.event_retention, config.prune_interval, shutdown.clone()));
 
+    let router = role_routes(&config, &store, &queue, &api_key, &api_secret, &mut tasks, &shutdown).await?;
+
+    let limits = offshoot_api::ops::Limits { request_timeout: config.request_timeout, max_body: config.max_body_bytes };
+    let router = with_metrics(router, &config, &store, &queue, limits, &mut tasks, &shutdown).await?;
+    let router = offshoot_api::ops::layers(router, limits);
+
+    tracing::info!(addr = %listener.local_addr()?, backend = store.backend().name(), roles = ?config.roles, "offshoot listening");
+    let s = shutdown.clone();
+    axum::serve(listener, router.into_make_service()).with_graceful_shutdown(async move { s.cancelled().await }).await?;
+    // Background roles stop at the token; give them a bounded time to finish their page.
+    let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
+    queue.close().await;
+    store.close().await;
+    Ok(())
+}
+
+/// The app's key pair: the configured one, or the stored one, or a new one (printed once).
+async fn load_app(store: &Store, config: &Config) -> anyhow::Result<(String, SecretString)> {
+    let (api_key, api_secret, generated) = store
+        .ensure_app(config.api_key.as_deref(), config.api_secret.as_ref().map(|s| s.expose_secret()))
+        .await
+        .map_err(|e| anyhow::anyhow!("loading the app: {e}"))?;
+    if generated {
+        println!("offshoot: generated an API key pair (stored in the database)\n  OFFSHOOT_API_KEY={api_key}\n  OFFSHOOT_API_SECRET={api_secret}");
+    } else {
+        tracing::info!(api_key = %api_key, "app loaded");
+    }
+    let api_secret = SecretString::from(api_secret);
+    Ok((api_key, api_secret))
+}
+
+/// The routes of this process's roles (the API's, or its health routes alone, and the
+/// WebSocket's), with the WebSocket hub and the worker started on `tasks`.
+async fn role_routes(
+    config: &Config,
+    store: &Store,
+    queue: &offshoot_worker::Queue,
+    api_key: &str,
+    api_secret: &SecretString,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<axum::Router> {
     // The recorder first, so that what the roles register as they start (the WebSocket gauge)
     // is recorded.
     if !matches!(config.metrics, MetricsListen::Off) {
@@ -59,7 +92,7 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     let hub = config
         .roles
         .ws
-        .then(|| offshoot_ws::Hub::with_max_connections(store.clone(), api_key.clone(), api_secret.clone(), config.max_ws_connections));
+        .then(|| offshoot_ws::Hub::with_max_connections(store.clone(), api_key.to_string(), api_secret.clone(), config.max_ws_connections));
     if let Some(h) = &hub {
         h.set_client_limits(offshoot_ws::ClientLimits {
             connections_per_user: config.ws_connections_per_user,
@@ -70,12 +103,12 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         Some(h) => h.clone(),
         None => Arc::new(NoWatchers),
     };
-    let limiter = rate_limiter(&config, &store, &api_secret, &mut tasks, &shutdown);
+    let limiter = rate_limiter(config, store, api_secret, tasks, shutdown);
     let mut router = axum::Router::new();
     if config.roles.api {
         let state = offshoot_api::ApiState::with_max_body(
             store.clone(),
-            api_key.clone(),
+            api_key.to_string(),
             api_secret.clone(),
             watchers,
             Arc::new(queue.clone()),
@@ -96,12 +129,25 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
     if config.roles.worker {
         // Before the listener serves: the webhook relay's cursor must exist before this
         // process's API writes its first event, or that event is never relayed.
-        offshoot_worker::prepare(&queue).await.map_err(|e| anyhow::anyhow!("preparing the worker: {e}"))?;
-        let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.clone(), api_secret.clone(), shutdown.clone());
+        offshoot_worker::prepare(queue).await.map_err(|e| anyhow::anyhow!("preparing the worker: {e}"))?;
+        let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.to_string(), api_secret.clone(), shutdown.clone());
         tasks.spawn(async move { offshoot_worker::run(q, c, k, sec, s).await });
     }
 
-    let limits = offshoot_api::ops::Limits { request_timeout: config.request_timeout, max_body: config.max_body_bytes };
+    Ok(router)
+}
+
+/// `router` with the metrics routes when they share the main listener, or with the metrics
+/// served on a listener of their own (on `tasks`).
+async fn with_metrics(
+    mut router: axum::Router,
+    config: &Config,
+    store: &Store,
+    queue: &offshoot_worker::Queue,
+    limits: offshoot_api::ops::Limits,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<axum::Router> {
     match &config.metrics {
         MetricsListen::Off => {}
         MetricsListen::Main => {
@@ -126,16 +172,7 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
             });
         }
     }
-    let router = offshoot_api::ops::layers(router, limits);
-
-    tracing::info!(addr = %listener.local_addr()?, backend = store.backend().name(), roles = ?config.roles, "offshoot listening");
-    let s = shutdown.clone();
-    axum::serve(listener, router.into_make_service()).with_graceful_shutdown(async move { s.cancelled().await }).await?;
-    // Background roles stop at the token; give them a bounded time to finish their page.
-    let _ = tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
-    queue.close().await;
-    store.close().await;
-    Ok(())
+    Ok(router)
 }
 
 /// The process's rate limits: Stream's table as configured. On PostgreSQL the app's counts are
