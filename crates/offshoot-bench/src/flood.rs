@@ -83,12 +83,8 @@ pub async fn measure(api: &Api, rate: f64, flood_rate: f64, duration: Duration) 
     api.call(reqwest::Method::POST, "/users", Some(&json!({"users": users}))).await?;
     let mut members = senders.clone();
     members.push(attacker.clone());
-    api.call(
-        reqwest::Method::POST,
-        &format!("{CHANNEL}/query"),
-        Some(&json!({"data": {"created_by_id": senders[0], "members": members}})),
-    )
-    .await?;
+    api.call(reqwest::Method::POST, &format!("{CHANNEL}/query"), Some(&json!({"data": {"created_by_id": senders[0], "members": members}})))
+        .await?;
     let tokens: Arc<Vec<(String, String)>> = Arc::new(senders.iter().map(|u| Ok((u.clone(), user_token(u)?))).collect::<Result<_>>()?);
 
     let steady = |tokens: Arc<Vec<(String, String)>>| {

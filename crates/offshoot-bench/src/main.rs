@@ -25,6 +25,9 @@
 
 mod checkpoints;
 mod cpu;
+mod flood;
+mod lineage;
+mod search;
 mod seed;
 mod server;
 mod ws;
@@ -115,8 +118,8 @@ struct Cli {
     /// The backends to measure.
     #[arg(long, value_enum, default_value = "all")]
     backend: BackendChoice,
-    /// The figures to take: letters of abcdefgltw.
-    #[arg(long, default_value = "abcdefgltw")]
+    /// The figures to take: letters of abcdefgltwnsr.
+    #[arg(long, default_value = "abcdefgltwnsr")]
     only: String,
     /// Measured forks per source for figure a (5–95; 40, 10 with --quick).
     #[arg(long)]
@@ -472,6 +475,27 @@ async fn sync_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
 }
 
 // ---------------------------------------------------------------------------------------------
+// r: a flood from one user token, on a server with the default rate limits
+
+async fn bench_flood(backend: Backend, args: &Args, report: &mut Report) -> Result<()> {
+    let db = Db::create(backend, "flood", &args.pg_url).await?;
+    let outcome = match Server::start_with(&db.url(), "api,ws,worker", 100, &[("OFFSHOOT_RATE_LIMITS", "default")]).await {
+        Ok(server) => {
+            let duration = Duration::from_secs_f64(if args.quick { 5.0 } else { 20.0 });
+            let run = flood::measure(&server.api, 100.0, 10_000.0, duration).await;
+            if let Ok(figure) = &run {
+                figure.lines().into_iter().for_each(|l| report.add(format!("r. {l}")));
+            }
+            let stopped = server.stop().await;
+            run.map(|_| ()).and(stopped)
+        }
+        Err(e) => Err(e),
+    };
+    db.drop_it().await;
+    outcome
+}
+
+// ---------------------------------------------------------------------------------------------
 // b, c, f, g, lookup and webhooks, on a server with every role
 
 async fn bench_load(backend: Backend, args: &Args, report: &mut Report) -> Result<()> {
@@ -517,6 +541,13 @@ async fn load_runs(server: &Server, args: &Args, report: &mut Report) -> Result<
     }
     if args.wants('g') {
         query_channels(api, args, report).await?;
+    }
+    if args.wants('n') {
+        lineage::lineage_of_1000_nodes(api, "lin", report).await?;
+    }
+    if args.wants('s') {
+        let figure = search::run(api, args.quick).await?;
+        report.add(search::report(&server.backend_name, &figure));
     }
     if args.wants('f') {
         send_rate(api, args, report).await?;
@@ -997,8 +1028,13 @@ async fn bench(args: Args) -> Result<()> {
         if args.wants('a') {
             bench_sync(backend, &args, &mut report).await.with_context(|| format!("{}: a. synchronous fork", backend.name()))?;
         }
-        if "bcfgltw".chars().any(|c| args.wants(c)) {
+        if "bcfgltwns".chars().any(|c| args.wants(c)) {
             bench_load(backend, &args, &mut report).await.with_context(|| format!("{}: b, c, f, g", backend.name()))?;
+        }
+        if args.wants('r') {
+            bench_flood(backend, &args, &mut report)
+                .await
+                .with_context(|| format!("{}: r (a flood from one user token)", backend.name()))?;
         }
         if args.wants('d') || args.wants('e') {
             ws::bench_ws(backend, &args, &mut report).await.with_context(|| format!("{}: d, e (WebSocket)", backend.name()))?;

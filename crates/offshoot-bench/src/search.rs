@@ -32,8 +32,30 @@ const AUTHOR: &str = "search-author";
 /// Every message's filler: 40–200 characters of these words, none of them the rare words or
 /// the common word.
 const FILLER: [&str; 24] = [
-    "the", "agent", "reads", "logs", "and", "explains", "how", "to", "configure", "deployment", "flags", "metrics", "roll", "back",
-    "safely", "if", "migration", "fails", "user", "asks", "about", "costs", "latency", "retries",
+    "the",
+    "agent",
+    "reads",
+    "logs",
+    "and",
+    "explains",
+    "how",
+    "to",
+    "configure",
+    "deployment",
+    "flags",
+    "metrics",
+    "roll",
+    "back",
+    "safely",
+    "if",
+    "migration",
+    "fails",
+    "user",
+    "asks",
+    "about",
+    "costs",
+    "latency",
+    "retries",
 ];
 const COMMON: &str = "kubernetes";
 
@@ -75,10 +97,14 @@ pub async fn run(api: &Api, quick: bool) -> Result<SearchFigure> {
     let started = Instant::now();
     let mut rng = Rng::new(46);
     let sends: Vec<(String, Value)> = (0..messages)
-        .map(|i| (format!("/channels/agent/search-{:03}/message", i % CHANNELS), json!({"message": {"text": text(&mut rng), "user_id": AUTHOR}})))
+        .map(|i| {
+            (format!("/channels/agent/search-{:03}/message", i % CHANNELS), json!({"message": {"text": text(&mut rng), "user_id": AUTHOR}}))
+        })
         .collect();
-    let results: Vec<Result<Value>> =
-        futures_util::stream::iter(sends.iter().map(|(path, body)| api.post(path, body))).buffer_unordered(SEND_CONCURRENCY).collect().await;
+    let results: Vec<Result<Value>> = futures_util::stream::iter(sends.iter().map(|(path, body)| api.post(path, body)))
+        .buffer_unordered(SEND_CONCURRENCY)
+        .collect()
+        .await;
     for r in results {
         r?;
     }

@@ -192,14 +192,22 @@ pub struct Server {
     pub api: Api,
     pub db: AnyPool,
     pub pid: u32,
+    pub backend_name: String,
     child: tokio::process::Child,
 }
 
 impl Server {
     pub async fn start(url: &str, roles: &str, max_ws: usize) -> Result<Server> {
+        Self::start_with(url, roles, max_ws, &[]).await
+    }
+
+    /// [`Server::start`] with settings of its own in the child's environment (the flood figure's
+    /// rate limits).
+    pub async fn start_with(url: &str, roles: &str, max_ws: usize, env: &[(&str, &str)]) -> Result<Server> {
         let exe = std::env::current_exe().context("the benchmark's own executable")?;
         let mut child = tokio::process::Command::new(exe)
             .args(["serve", url, roles, &max_ws.to_string()])
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -241,7 +249,8 @@ impl Server {
         }
         // The server has applied the migrations by now; the bench's own pool times the floor.
         let db = connect(url, 2).await?;
-        Ok(Server { api, db, pid, child })
+        let backend_name = if url.starts_with("postgres") { "PostgreSQL" } else { "SQLite" }.to_string();
+        Ok(Server { api, db, pid, child, backend_name })
     }
 
     /// Closes the child's standard input (a graceful stop) and waits for it.

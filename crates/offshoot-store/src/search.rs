@@ -11,10 +11,10 @@
 
 use crate::channels::load_channels;
 use crate::messages::hydrate_messages_of;
-use crate::sql::{arguments, Bind};
-use crate::visibility::visible_after;
 use crate::query::{channel_condition, custom_leaf, SqlBuilder};
 use crate::rows::{MessageRow, MESSAGE_COLS};
+use crate::sql::{arguments, Bind};
+use crate::visibility::visible_after;
 use crate::{Backend, Result, Store};
 use offshoot_core::model::{Channel, Message, Viewer};
 use offshoot_core::query::{Op, Scalar, Sort};
