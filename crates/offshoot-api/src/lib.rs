@@ -15,6 +15,7 @@ mod app;
 mod channels;
 mod ctx;
 mod error;
+mod files;
 mod fork;
 mod input;
 mod jobs;
@@ -24,8 +25,10 @@ pub mod ops;
 mod state;
 
 pub use error::ApiError;
+pub use files::DEFAULT_MAX_UPLOAD;
 
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::handler::Handler;
 use axum::http::{header, HeaderName, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -127,6 +130,30 @@ fn chat_routes() -> Routes<ApiState> {
         .op(Method::GET, "/messages/{id}/reactions", messages::get_reactions, msg("Reactions of a message"))
         .op(Method::POST, "/threads", messages::query_threads, msg("Query threads").body())
         .op(Method::GET, "/threads/{id}", messages::get_thread, msg("Get a thread"))
+        .op(
+            Method::POST,
+            "/channels/{type}/{id}/file",
+            files::upload_file.layer(DefaultBodyLimit::disable()),
+            ch("Upload a file (multipart: file, user)").multipart(),
+        )
+        .op(
+            Method::POST,
+            "/channels/{type}/{id}/image",
+            files::upload_image.layer(DefaultBodyLimit::disable()),
+            ch("Upload an image (multipart: file, user)").multipart(),
+        )
+        .op(
+            Method::DELETE,
+            "/channels/{type}/{id}/file",
+            files::delete_file,
+            ch("Delete an uploaded file").query("url", Type::String, "The file's URL"),
+        )
+        .op(
+            Method::DELETE,
+            "/channels/{type}/{id}/image",
+            files::delete_image,
+            ch("Delete an uploaded image").query("url", Type::String, "The image's URL"),
+        )
         .op(Method::GET, "/channeltypes", app::list_channel_types, Doc::new("app", "List channel types"))
         .op(Method::GET, "/channeltypes/{name}", app::get_channel_type, Doc::new("app", "Get a channel type"))
         .op(Method::PUT, "/channeltypes/{name}", app::put_channel_type, Doc::new("app", "Create or update a channel type").body())
@@ -181,7 +208,15 @@ fn general_routes() -> Routes<ApiState> {
 /// Every API route, in both dialects, with the document that describes them (and the
 /// process's own endpoints: health, metrics, this document).
 fn api_routes() -> Routes<ApiState> {
-    Routes::new().merge(chat_routes()).merge(general_routes()).nest("/api/v2/chat", chat_routes()).nest("/api/v2", general_routes())
+    Routes::new().merge(chat_routes()).merge(general_routes()).nest("/api/v2/chat", chat_routes()).nest("/api/v2", general_routes()).op(
+        Method::GET,
+        "/uploads/{id}/{name}",
+        files::serve_upload,
+        Doc::new("files", "An uploaded file, by its signed link (exp, sig); Range is served")
+            .public(openapi::any_schema())
+            .query("exp", utoipa::openapi::schema::Type::Integer, "Expiry, Unix seconds")
+            .query("sig", utoipa::openapi::schema::Type::String, "HMAC-SHA256 of the path and expiry"),
+    )
 }
 
 /// The OpenAPI 3.1 document of every route [`router`] serves, and of `/healthz`,

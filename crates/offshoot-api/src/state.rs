@@ -21,6 +21,8 @@ pub struct Shared {
     pub jobs: Arc<dyn Jobs>,
     /// Request body limit (bytes); bigger bodies get Stream's 413.
     pub max_body: usize,
+    /// File storage and link signing; `None` turns the upload routes off.
+    pub uploads: Option<Arc<crate::files::Uploads>>,
 }
 
 impl ApiState {
@@ -37,7 +39,26 @@ impl ApiState {
         jobs: Arc<dyn Jobs>,
         max_body: usize,
     ) -> Self {
-        ApiState(Arc::new(Shared { store, api_key: api_key.into(), api_secret: Arc::new(api_secret), watchers, jobs, max_body }))
+        ApiState(Arc::new(Shared {
+            store,
+            api_key: api_key.into(),
+            api_secret: Arc::new(api_secret),
+            watchers,
+            jobs,
+            max_body,
+            uploads: None,
+        }))
+    }
+
+    /// This state with uploads stored in `files`, at most `max_bytes` a file, links signed with
+    /// the API secret and starting with `public_url` (else the request's `Host`). Call it
+    /// before the state is cloned.
+    pub fn with_uploads(mut self, files: offshoot_files::Files, max_bytes: u64, public_url: Option<String>) -> Self {
+        use secrecy::ExposeSecret;
+        let signer = offshoot_files::Signer::new(self.api_secret.expose_secret().as_bytes());
+        let shared = Arc::get_mut(&mut self.0).expect("with_uploads is called before the state is shared");
+        shared.uploads = Some(Arc::new(crate::files::Uploads { files, signer, max_bytes, public_url }));
+        self
     }
 }
 

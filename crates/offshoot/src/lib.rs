@@ -60,6 +60,14 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         Some(h) => h.clone(),
         None => Arc::new(NoWatchers),
     };
+    let files = if config.roles.api || config.roles.worker {
+        let setting = config.storage_setting();
+        let files = offshoot_files::Files::open(&setting).map_err(|e| anyhow::anyhow!("opening the file storage: {e}"))?;
+        tracing::info!(storage = files.describe(), "file storage");
+        Some(files)
+    } else {
+        None
+    };
     let mut router = axum::Router::new();
     if config.roles.api {
         let state = offshoot_api::ApiState::with_max_body(
@@ -70,6 +78,10 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
             Arc::new(queue.clone()),
             config.max_body_bytes,
         );
+        let state = match &files {
+            Some(f) => state.with_uploads(f.clone(), config.max_upload_bytes, config.public_url.clone()),
+            None => state,
+        };
         router = router.merge(offshoot_api::router(state));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
@@ -83,7 +95,9 @@ pub async fn run(listener: TcpListener, config: Config, shutdown: CancellationTo
         // Before the listener serves: the webhook relay's cursor must exist before this
         // process's API writes its first event, or that event is never relayed.
         offshoot_worker::prepare(&queue).await.map_err(|e| anyhow::anyhow!("preparing the worker: {e}"))?;
-        let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.clone(), api_secret.clone(), shutdown.clone());
+        let mut c = config.worker_config();
+        c.files = files.clone();
+        let (q, k, sec, s) = (queue.clone(), api_key.clone(), api_secret.clone(), shutdown.clone());
         tasks.spawn(async move { offshoot_worker::run(q, c, k, sec, s).await });
     }
 
