@@ -604,6 +604,7 @@ impl TestApp {
             api_key: Some(API_KEY.into()),
             api_secret: Some(API_SECRET.into()),
             worker_poll_interval: Duration::from_millis(200),
+            storage: Some(format!("file://{}", std::env::temp_dir().join("offshoot-e2e-files").display())),
             ..offshoot::Config::default()
         };
         tweak(&mut config);
@@ -752,6 +753,11 @@ impl ServerProcess {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGKILL: no graceful shutdown, no chance to finish a page.

@@ -18,6 +18,7 @@ mod chat;
 mod concurrency;
 mod dialects;
 mod fidelity;
+mod files;
 mod fork;
 mod hardening;
 mod operating;

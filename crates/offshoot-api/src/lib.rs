@@ -1,10 +1,11 @@
 //! The HTTP API: Stream's chat REST surface in both wire dialects (legacy paths render RFC 3339
 //! and flat custom fields; `/api/v2` paths render nanoseconds and nested `custom`), auth, the
-//! error envelope, and the fork endpoints.
+//! error envelope, the fork endpoints and uploads (`files.rs`).
 //!
 //! Handlers parse input into domain types, check permissions (offshoot-core) and call the
-//! store. Depends on offshoot-core and offshoot-store; must not depend on offshoot-ws or
-//! offshoot-worker (the WebSocket registry arrives as a `Watchers` trait object).
+//! store. Depends on offshoot-core, offshoot-store and offshoot-files (upload storage, signed
+//! links); must not depend on offshoot-ws or offshoot-worker (the WebSocket registry arrives as
+//! a `Watchers` trait object).
 //!
 //! Handlers look alike on purpose: each names its extractors (state, caller, path, query or
 //! body type) and then loads, checks and calls the store in a few lines. The `duplicates` tool

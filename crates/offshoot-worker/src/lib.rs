@@ -31,7 +31,8 @@
 //! [`WorkerConfig::poll_interval`] besides; on SQLite a push by this process wakes its workers
 //! ([`queue::Wake`]) and they poll besides.
 //!
-//! Depends on `offshoot-core`, `offshoot-store`, apalis and sqlx (typed pools for apalis);
+//! Depends on `offshoot-core`, `offshoot-store`, `offshoot-files` (the files job removes freed
+//! uploads from storage), apalis and sqlx (typed pools for apalis);
 //! must not depend on axum, the API or the WebSocket crate.
 
 pub mod backfill;
