@@ -12,6 +12,7 @@ const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0
 
 /// Uploads `bytes` as the form's `file` part (named `name`, of type `mime`) to `kind` (`file` or
 /// `image`) of channel `cid`, with an optional `user` part.
+#[allow(clippy::too_many_arguments)] // each part of the form, named where the test reads it
 async fn upload(c: &Client, cid: &str, token: &str, kind: &str, name: &str, mime: &str, bytes: Vec<u8>, user: Option<&str>) -> Resp {
     let part = reqwest::multipart::Part::bytes(bytes).file_name(name.to_string()).mime_str(mime).expect("a MIME type");
     let mut form = reqwest::multipart::Form::new().part("file", part);

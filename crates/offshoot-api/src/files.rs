@@ -423,7 +423,7 @@ fn parse_user(text: &str) -> Result<String, Error> {
         _ => Some(text.trim().to_string()),
     };
     let id = id.filter(|s| !s.is_empty()).ok_or_else(|| Error::input("user must name a user id").field("field", "user"))?;
-    Ok(offshoot_core::ids::parse_user_id(&id)?)
+    offshoot_core::ids::parse_user_id(&id)
 }
 
 /// `scheme://host` that links start with.
