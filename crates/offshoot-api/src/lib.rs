@@ -209,19 +209,11 @@ fn general_routes() -> Routes<ApiState> {
 /// Every API route, in both dialects, with the document that describes them (and the
 /// process's own endpoints: health, metrics, this document).
 fn api_routes() -> Routes<ApiState> {
-    Routes::new().merge(chat_routes()).merge(general_routes()).nest("/api/v2/chat", chat_routes()).nest("/api/v2", general_routes()).op(
-        Method::GET,
-        "/uploads/{id}/{name}",
-        files::serve_upload,
-        Doc::new("files", "An uploaded file, by its signed link (exp, sig); Range is served")
-            .public(openapi::any_schema())
-            .query("exp", utoipa::openapi::schema::Type::Integer, "Expiry, Unix seconds")
-            .query("sig", utoipa::openapi::schema::Type::String, "HMAC-SHA256 of the path and expiry"),
-    )
+    Routes::new().merge(chat_routes()).merge(general_routes()).nest("/api/v2/chat", chat_routes()).nest("/api/v2", general_routes())
 }
 
 /// The OpenAPI 3.1 document of every route [`router`] serves, and of `/healthz`,
-/// `/metrics`, `/openapi.json`, `/connect` and `/api/v2/connect`.
+/// `/metrics`, `/openapi.json`, `/connect`, `/api/v2/connect` and the upload links.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().merge(ops_docs()).into_parts().1
 }
@@ -247,6 +239,15 @@ fn ops_docs() -> Routes<ApiState> {
             unreachable,
             Doc::new("websocket", "WebSocket (v2 dialect): upgrade with ?api_key=…, token in the first frame"),
         )
+        .op(
+            Method::GET,
+            "/uploads/{id}/{name}",
+            unreachable,
+            Doc::new("files", "An uploaded file by its signed link (no api_key, no token; Range is served)")
+                .public(openapi::any_schema())
+                .query("exp", utoipa::openapi::schema::Type::Integer, "Expiry, Unix seconds")
+                .query("sig", utoipa::openapi::schema::Type::String, "HMAC-SHA256 with the API secret of the path, a newline and exp, hex"),
+        )
 }
 
 /// Every (method, path) the API router serves, for tests that hold it against the document.
@@ -259,8 +260,14 @@ pub fn router(state: ApiState) -> Router {
     let max_body = state.max_body;
     let (routes, _) = api_routes().into_parts();
     let document = std::sync::Arc::new(openapi());
-    let api =
-        routes.fallback(not_found).method_not_allowed_fallback(method_not_allowed).layer(DefaultBodyLimit::max(max_body)).with_state(state);
+    let api = routes
+        // Links to uploads: one path for both dialects, without the API's auth (documented in
+        // `ops_docs`).
+        .route("/uploads/{id}/{name}", get(files::serve_upload))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state);
     Router::new()
         .merge(api)
         .merge(health_router(store))
