@@ -624,6 +624,7 @@ impl TestApp {
             rate_limits: offshoot::RateLimitConfig::parse(TEST_RATE_LIMITS).expect("the test limits parse"),
             ws_connections_per_user: TEST_WS_CONNECTIONS_PER_USER,
             ws_client_events_per_minute: TEST_WS_CLIENT_EVENTS_PER_MINUTE,
+            storage: Some(format!("file://{}", std::env::temp_dir().join("offshoot-e2e-files").display())),
             ..offshoot::Config::default()
         };
         tweak(&mut config);
@@ -785,6 +786,11 @@ impl ServerProcess {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGKILL: no graceful shutdown, no chance to finish a page.

@@ -22,6 +22,7 @@ mod cli;
 mod concurrency;
 mod dialects;
 mod fidelity;
+mod files;
 mod fork;
 mod hardening;
 mod lineage;

@@ -158,8 +158,6 @@ fn render_app(d: Dialect, s: &AppSettings, key: &str) -> Value {
         "channel_configs": {},
         "call_types": {},
         "push_notifications": {"version": "v3", "offline_only": false, "providers": []},
-        "file_upload_config": {"allowed_file_extensions": [], "blocked_file_extensions": [], "allowed_mime_types": [], "blocked_mime_types": []},
-        "image_upload_config": {"allowed_file_extensions": [], "blocked_file_extensions": [], "allowed_mime_types": [], "blocked_mime_types": []},
         "video_provider": "", "suspended": false, "suspended_explanation": "", "organization": "offshoot",
 
     });
@@ -186,11 +184,41 @@ fn render_app(d: Dialect, s: &AppSettings, key: &str) -> Value {
     Value::Object(o)
 }
 
+/// `GET /app`: server-side gets every setting; a client (the JS SDK's `getAppSettings`, which
+/// its attachment manager calls before each upload) gets only [`CLIENT_APP_FIELDS`].
 pub async fn get_app(State(st): State<ApiState>, ctx: Ctx) -> ApiResult<Json<Value>> {
-    server_only(&ctx, "reading app settings")?;
     let s = st.store.app_settings().await?;
-    Ok(ctx.ok(json!({"app": render_app(ctx.dialect, &s, &st.api_key)})))
+    let mut app = render_app(ctx.dialect, &s, &st.api_key);
+    crate::files::render_upload_configs(&mut app, &s, st.uploads.as_deref());
+    if !ctx.viewer.is_server() {
+        if let Value::Object(o) = &mut app {
+            o.retain(|k, _| CLIENT_APP_FIELDS.contains(&k.as_str()));
+        }
+    }
+    Ok(ctx.ok(json!({"app": app})))
 }
+
+/// The app settings a client may read: what it needs to upload (the upload configs), the
+/// feature flags that change what a client shows, and nothing that configures the server
+/// (webhook URLs, hooks, queues, secrets, stored custom settings).
+pub const CLIENT_APP_FIELDS: &[&str] = &[
+    "name",
+    "organization",
+    "api_key",
+    "fork_enabled",
+    "file_upload_config",
+    "image_upload_config",
+    "auto_translation_enabled",
+    "async_url_enrich_enabled",
+    "multi_tenant_enabled",
+    "permission_version",
+    "suspended",
+    "suspended_explanation",
+    "video_provider",
+    "cdn_expiration_seconds",
+    "guest_user_creation_disabled",
+    "user_search_disallowed_roles",
+];
 
 /// `PATCH /app`: flat keys; known ones are typed, others stored as they are.
 #[derive(Deserialize)]
@@ -209,6 +237,10 @@ pub struct UpdateAppRequest {
     disable_auth_checks: Option<Option<bool>>,
     #[serde(default, deserialize_with = "de::some_ts")]
     revoke_tokens_issued_before: Option<Option<i64>>,
+    #[serde(default, deserialize_with = "de::some")]
+    file_upload_config: Option<Option<crate::files::UploadConfig>>,
+    #[serde(default, deserialize_with = "de::some")]
+    image_upload_config: Option<Option<crate::files::UploadConfig>>,
     /// Every other setting, stored as it is.
     #[serde(flatten)]
     extra: Obj,
@@ -266,6 +298,17 @@ fn apply_app_patch(s: &mut AppSettings, body: &UpdateAppRequest) -> Result<(), E
     }
     for (k, v) in &body.extra {
         s.extra.insert(k.clone(), v.clone());
+    }
+    for (key, config) in [("file_upload_config", &body.file_upload_config), ("image_upload_config", &body.image_upload_config)] {
+        match config {
+            Some(Some(c)) => {
+                s.extra.insert(key.into(), serde_json::to_value(c.normalized()).map_err(|_| Error::internal())?);
+            }
+            Some(None) => {
+                s.extra.remove(key);
+            }
+            None => {}
+        }
     }
     Ok(())
 }

@@ -502,6 +502,7 @@ pub async fn delete_channel(
     let ch = load(&st, &cid).await?;
     require_manage(&ctx, &ch)?;
     let ch = st.store.delete_channel(&cid, q.hard_delete.unwrap_or(false), ctx.user.as_ref()).await?;
+    crate::files::after_hard_delete(&st, q.hard_delete.unwrap_or(false)).await;
     Ok(ctx.ok(json!({"channel": render::channel(ctx.dialect, &ch, &[])})))
 }
 
@@ -531,6 +532,7 @@ pub async fn delete_channels(State(st): State<ApiState>, ctx: Ctx, Body(body): B
         };
         result.insert(cid.clone(), status);
     }
+    crate::files::after_hard_delete(&st, hard).await;
     Ok(ctx.ok(json!({"task_id": ids::new_id(), "result": result})))
 }
 
@@ -560,6 +562,7 @@ pub async fn truncate_channel(
     };
     let hard = body.hard_delete.unwrap_or(false);
     let (ch, sys) = st.store.truncate_channel(&cid, body.truncated_at, hard, author.as_ref(), msg.as_ref()).await?;
+    crate::files::after_hard_delete(&st, hard).await;
     let mut out = json!({"channel": render::channel(ctx.dialect, &ch, &[])});
     if let Some(m) = sys {
         out["message"] = render::message(ctx.dialect, &m);

@@ -20,6 +20,8 @@ pub struct Ctx {
     /// The stored user behind a client-side token (role included).
     pub user: Option<User>,
     pub dialect: Dialect,
+    /// Re-signs links to uploads in success bodies (`files.rs`).
+    uploads: Option<std::sync::Arc<crate::files::Uploads>>,
 }
 
 /// A success body serialised straight from its views, with no `serde_json::Value` tree built
@@ -48,6 +50,9 @@ impl Ctx {
 
     /// A success body: `value` plus `duration`.
     pub fn ok(&self, mut value: Value) -> axum::Json<Value> {
+        if let Some(u) = &self.uploads {
+            crate::files::resign(&mut value, &u.signer);
+        }
         if let Value::Object(o) = &mut value {
             o.insert("duration".into(), crate::duration().into());
         }
@@ -125,7 +130,7 @@ impl FromRequestParts<ApiState> for Ctx {
                 (Viewer::User { id, role: user.role.clone() }, Some(user))
             }
         };
-        Ok(Ctx { viewer, user, dialect })
+        Ok(Ctx { viewer, user, dialect, uploads: state.uploads.clone() })
     }
 }
 

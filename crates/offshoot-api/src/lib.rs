@@ -1,11 +1,13 @@
 //! The HTTP API: Stream's chat REST surface in both wire dialects (legacy paths render RFC 3339
 //! and flat custom fields; `/api/v2` paths render nanoseconds and nested `custom`), auth, the
-//! error envelope, and the fork endpoints. It also serves the web console's static files at
-//! `/console` (`console.rs`; README, "Console"), which read only this API.
+//! error envelope, the fork endpoints and uploads (`files.rs`). It also serves the web
+//! console's static files at `/console` (`console.rs`; README, "Console"), which read only
+//! this API.
 //!
 //! Handlers parse input into domain types, check permissions (offshoot-core) and call the
-//! store. Depends on offshoot-core and offshoot-store; must not depend on offshoot-ws or
-//! offshoot-worker (the WebSocket registry arrives as a `Watchers` trait object).
+//! store. Depends on offshoot-core, offshoot-store and offshoot-files (upload storage, signed
+//! links); must not depend on offshoot-ws or offshoot-worker (the WebSocket registry arrives as
+//! a `Watchers` trait object).
 //!
 //! Handlers look alike on purpose: each names its extractors (state, caller, path, query or
 //! body type) and then loads, checks and calls the store in a few lines. The `duplicates` tool
@@ -17,6 +19,7 @@ mod channels;
 mod console;
 mod ctx;
 mod error;
+mod files;
 mod fork;
 mod input;
 mod jobs;
@@ -29,8 +32,10 @@ mod search;
 mod state;
 
 pub use error::ApiError;
+pub use files::DEFAULT_MAX_UPLOAD;
 
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::handler::Handler;
 use axum::http::{header, HeaderName, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -152,6 +157,30 @@ fn chat_routes() -> Routes<ApiState> {
                 "JSON: filter_conditions (required), query or message_filter_conditions, sort, limit, offset or next, dedupe_copies",
             ),
         )
+        .op(
+            Method::POST,
+            "/channels/{type}/{id}/file",
+            files::upload_file.layer(DefaultBodyLimit::disable()),
+            ch("Upload a file (multipart: file, user)").multipart(),
+        )
+        .op(
+            Method::POST,
+            "/channels/{type}/{id}/image",
+            files::upload_image.layer(DefaultBodyLimit::disable()),
+            ch("Upload an image (multipart: file, user)").multipart(),
+        )
+        .op(
+            Method::DELETE,
+            "/channels/{type}/{id}/file",
+            files::delete_file,
+            ch("Delete an uploaded file").query("url", Type::String, "The file's URL"),
+        )
+        .op(
+            Method::DELETE,
+            "/channels/{type}/{id}/image",
+            files::delete_image,
+            ch("Delete an uploaded image").query("url", Type::String, "The image's URL"),
+        )
         .op(Method::GET, "/channeltypes", app::list_channel_types, Doc::new("app", "List channel types"))
         .op(Method::GET, "/channeltypes/{name}", app::get_channel_type, Doc::new("app", "Get a channel type"))
         .op(Method::PUT, "/channeltypes/{name}", app::put_channel_type, Doc::new("app", "Create or update a channel type").body())
@@ -221,7 +250,7 @@ fn api_routes() -> Routes<ApiState> {
 }
 
 /// The OpenAPI 3.1 document of every route [`router`] serves, and of `/healthz`,
-/// `/metrics`, `/openapi.json`, `/connect` and `/api/v2/connect`.
+/// `/metrics`, `/openapi.json`, `/connect`, `/api/v2/connect` and the upload links.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().merge(ops_docs()).into_parts().1
 }
@@ -247,6 +276,15 @@ fn ops_docs() -> Routes<ApiState> {
             unreachable,
             Doc::new("websocket", "WebSocket (v2 dialect): upgrade with ?api_key=…, token in the first frame"),
         )
+        .op(
+            Method::GET,
+            "/uploads/{id}/{name}",
+            unreachable,
+            Doc::new("files", "An uploaded file by its signed link (no api_key, no token; Range is served)")
+                .public(openapi::any_schema())
+                .query("exp", utoipa::openapi::schema::Type::Integer, "Expiry, Unix seconds")
+                .query("sig", utoipa::openapi::schema::Type::String, "HMAC-SHA256 with the API secret of the path, a newline and exp, hex"),
+        )
 }
 
 /// Every (method, path) the API router serves, for tests that hold it against the document.
@@ -261,8 +299,14 @@ pub fn router(state: ApiState) -> Router {
     let (routes, _) = api_routes().into_parts();
     let routes = routes.route_layer(middleware::from_fn_with_state(limiter, ratelimit::limit));
     let document = std::sync::Arc::new(openapi());
-    let api =
-        routes.fallback(not_found).method_not_allowed_fallback(method_not_allowed).layer(DefaultBodyLimit::max(max_body)).with_state(state);
+    let api = routes
+        // Links to uploads: one path for both dialects, without the API's auth (documented in
+        // `ops_docs`).
+        .route("/uploads/{id}/{name}", get(files::serve_upload))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state);
     Router::new()
         .merge(api)
         .merge(health_router(store))

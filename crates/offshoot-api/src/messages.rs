@@ -400,6 +400,7 @@ pub async fn delete_message(
         _ => ctx.user.clone(),
     };
     let deleted = st.store.delete_message(&id, hard, actor.as_ref()).await?;
+    crate::files::after_hard_delete(&st, hard && !deleted.attachments.is_empty()).await;
     Ok(ctx.ok(json!({"message": render::message(ctx.dialect, &deleted)})))
 }
 

@@ -35,16 +35,38 @@ pub(crate) struct Doc {
     query: Vec<(&'static str, Type, &'static str)>,
     /// Needs no `api_key` / token (health, metrics, this document).
     public: bool,
+    /// The body is a `multipart/form-data` form with a `file` part and an optional `user`.
+    multipart: bool,
 }
 
 impl Doc {
     /// An operation whose bodies are free-form JSON objects (a success body carries `duration`).
     pub(crate) fn new(tag: &'static str, summary: &'static str) -> Doc {
-        Doc { summary, tag, body: None, ok: schema_ref("Response"), query: Vec::new(), public: false }
+        Doc { summary, tag, body: None, ok: schema_ref("Response"), query: Vec::new(), public: false, multipart: false }
     }
     /// A JSON object request body.
     pub(crate) fn body(mut self) -> Doc {
         self.body = Some(free_object());
+        self
+    }
+    /// A `multipart/form-data` body: `file` (the bytes, with a file name) and `user` (optional,
+    /// server-side: a user object as JSON, or an id).
+    pub(crate) fn multipart(mut self) -> Doc {
+        self.multipart = true;
+        self.body = Some(
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property(
+                    "file",
+                    ObjectBuilder::new().schema_type(Type::String).format(Some(utoipa::openapi::SchemaFormat::Custom("binary".into()))),
+                )
+                .property(
+                    "user",
+                    ObjectBuilder::new().schema_type(Type::String).description(Some("Server-side: the uploading user (JSON object or id)")),
+                )
+                .required("file")
+                .into(),
+        );
         self
     }
     pub(crate) fn body_of<T: ToSchema>(mut self) -> Doc {
@@ -196,7 +218,7 @@ fn document(entries: &[Entry]) -> OpenApi {
             if let Some(body) = &e.doc.body {
                 op = op.request_body(Some(
                     RequestBodyBuilder::new()
-                        .content("application/json", json_content(body.clone()))
+                        .content(if e.doc.multipart { "multipart/form-data" } else { "application/json" }, json_content(body.clone()))
                         .required(Some(Required::False))
                         .build(),
                 ));

@@ -126,6 +126,9 @@ async fn drain(mut body: Body, max: usize) {
 /// Now every request's body is consumed before any answer, and the one answer that cannot
 /// read it (a body over the limit) says `Connection: close`.
 async fn limited(limits: Limits, req: Request, next: Next) -> Response {
+    if crate::files::streams_body(req.method(), req.uri().path()) {
+        return timed(limits, next.run(req)).await;
+    }
     let (parts, body) = req.into_parts();
     let declared = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_body as u64) {
@@ -149,7 +152,12 @@ async fn limited(limits: Limits, req: Request, next: Next) -> Response {
         }
     };
     let req = Request::from_parts(parts, Body::from(bytes));
-    match tokio::time::timeout(limits.request_timeout, next.run(req)).await {
+    timed(limits, next.run(req)).await
+}
+
+/// A response, or the 408 envelope when it takes longer than the request timeout.
+async fn timed(limits: Limits, response: impl std::future::Future<Output = Response>) -> Response {
+    match tokio::time::timeout(limits.request_timeout, response).await {
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(timeout_ms = limits.request_timeout.as_millis() as u64, "request timed out");

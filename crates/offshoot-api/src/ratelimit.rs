@@ -66,6 +66,10 @@ pub const ENDPOINTS: &[(&str, &str, &str)] = &[
     ("POST", "/channels/{type}/{id}/read", "MarkRead"),
     ("POST", "/channels/{type}/{id}/event", "SendEvent"),
     ("POST", "/channels/{type}/{id}/stop-watching", "StopWatchingChannel"),
+    ("POST", "/channels/{type}/{id}/file", "UploadFile"),
+    ("POST", "/channels/{type}/{id}/image", "UploadImage"),
+    ("DELETE", "/channels/{type}/{id}/file", "DeleteFile"),
+    ("DELETE", "/channels/{type}/{id}/image", "DeleteImage"),
     ("POST", "/channels/{type}/{id}/fork", "ForkChannel"),
     ("POST", "/channels/{type}/{id}/fork/message_ids", "GetForkMessageIds"),
     ("GET", "/channels/{type}/{id}/forks", "ListForks"),
@@ -157,6 +161,7 @@ pub const DEFAULT_LIMITS: &[(&str, u32)] = &[
     ("UpdateChannelType", 60),
     ("DeleteChannelType", 60),
     ("DeleteFile", 60),
+    ("DeleteImage", 60),
     ("ListDeadLetters", 60),
     ("ReplayDeadLetters", 60),
 ];

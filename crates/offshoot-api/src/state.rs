@@ -24,6 +24,8 @@ pub struct Shared {
     /// The rate limits of this process (`ratelimit.rs`); off unless set by
     /// [`ApiState::with_rate_limits`].
     pub rate_limits: Arc<crate::ratelimit::RateLimiter>,
+    /// File storage and link signing; `None` turns the upload routes off.
+    pub uploads: Option<Arc<crate::files::Uploads>>,
 }
 
 impl ApiState {
@@ -48,12 +50,24 @@ impl ApiState {
             jobs,
             max_body,
             rate_limits: Arc::new(crate::ratelimit::RateLimiter::off()),
+            uploads: None,
         }))
     }
 
     /// This state with `limits` (before it is shared with the router).
     pub fn with_rate_limits(mut self, limits: Arc<crate::ratelimit::RateLimiter>) -> Self {
         Arc::get_mut(&mut self.0).expect("the state is not shared yet").rate_limits = limits;
+        self
+    }
+
+    /// This state with uploads stored in `files`, at most `max_bytes` a file, links signed with
+    /// the API secret and starting with `public_url` (else the request's `Host`). Call it
+    /// before the state is cloned.
+    pub fn with_uploads(mut self, files: offshoot_files::Files, max_bytes: u64, public_url: Option<String>) -> Self {
+        use secrecy::ExposeSecret;
+        let signer = offshoot_files::Signer::new(self.api_secret.expose_secret().as_bytes());
+        let shared = Arc::get_mut(&mut self.0).expect("with_uploads is called before the state is shared");
+        shared.uploads = Some(Arc::new(crate::files::Uploads { files, signer, max_bytes, public_url }));
         self
     }
 }

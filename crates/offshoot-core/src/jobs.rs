@@ -52,4 +52,7 @@ pub trait Jobs: Send + Sync {
     fn replay_dead_letters<'a>(&'a self, ids: Option<&'a [String]>) -> BoxFuture<'a, Result<u64, Error>>;
     /// Jobs per queue and state.
     fn counts(&self) -> BoxFuture<'_, Result<Vec<JobCounts>, Error>>;
+    /// Queues the files job, which frees the uploads no message refers to any more. A lost
+    /// call only delays the freeing until the next files job.
+    fn enqueue_files(&self) -> BoxFuture<'_, Result<(), Error>>;
 }

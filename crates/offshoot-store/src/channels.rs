@@ -238,6 +238,7 @@ impl Store {
             for sql in [
                 "DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1)",
                 "DELETE FROM message_restricted WHERE message_id IN (SELECT id FROM message WHERE cid = $1)",
+                "DELETE FROM upload_ref WHERE message_id IN (SELECT id FROM message WHERE cid = $1)",
                 "DELETE FROM message WHERE cid = $1",
                 "DELETE FROM member WHERE cid = $1",
                 "DELETE FROM channel_read WHERE cid = $1",

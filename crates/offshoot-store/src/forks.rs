@@ -304,6 +304,9 @@ async fn copy_messages(
         plan = plan_copies(fork_cid, sources, &copy_ids, &taken, exclude_attachments, limits);
         insert_copies(&mut tx.tx, backend, fork_cid, &plan.copies, exclude_attachments).await?;
     }
+    if !exclude_attachments {
+        crate::files::copy_refs(tx, &plan.copies).await?;
+    }
     if plan.restricted {
         // Restricted visibility rows of the copies.
         for chunk in plan.copies.chunks(COPY_CHUNK) {

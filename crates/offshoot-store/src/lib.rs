@@ -45,7 +45,8 @@
 //! 3. member rows, in user id order;
 //! 4. message rows (new messages, reply counts of parents, copies), then the member rows'
 //!    unread counters of the same channel (`unread.rs`; written after the message, under the
-//!    channel lock that every writer of those counters holds);
+//!    channel lock that every writer of those counters holds), then the upload rows the
+//!    messages refer to (held shared; the files job locks one upload row alone, `files.rs`);
 //! 5. user rows, in user id order (upserts and partial updates lock only these; the app row
 //!    and channel type rows are, like them, locked alone); a user's WebSocket connection and
 //!    watch rows are written only under that user's row lock (`presence.rs`);
@@ -72,6 +73,7 @@ mod counted;
 mod deliveries;
 mod directory;
 mod events;
+mod files;
 mod forks;
 pub mod lineage;
 mod messages;
@@ -96,6 +98,7 @@ pub use counted::count_statements;
 pub(crate) use counted::counted;
 pub use deliveries::DeadLetterRecord;
 pub use events::{outbox_rows, OutboxFollower, OUTBOX_READ_GAP};
+pub use files::{upload_ids, Release, Upload, UPLOAD_PATH};
 pub use forks::{BackfillStep, ForkOutcome, ForkRequest};
 pub use messages::{Editor, Page, PageDir};
 pub use ops::{set_consumer_cursor, OpsSnapshot};

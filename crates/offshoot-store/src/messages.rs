@@ -290,6 +290,7 @@ impl Store {
             for sql in [
                 "DELETE FROM reaction WHERE message_id = $1",
                 "DELETE FROM message_restricted WHERE message_id = $1",
+                "DELETE FROM upload_ref WHERE message_id = $1",
                 "DELETE FROM message WHERE id = $1",
             ] {
                 sqlx::query(sql).bind(id.to_string()).execute(crate::counted(&mut *tx.tx)).await?;
@@ -526,6 +527,7 @@ impl Store {
             for sql in [
                 "DELETE FROM reaction WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
                 "DELETE FROM message_restricted WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
+                "DELETE FROM upload_ref WHERE message_id IN (SELECT id FROM message WHERE cid = $1 AND created_at <= $2)",
                 "DELETE FROM message WHERE cid = $1 AND created_at <= $2",
             ] {
                 sqlx::query(sql).bind(cid.to_string()).bind(at).execute(crate::counted(&mut *tx.tx)).await?;
@@ -866,6 +868,7 @@ const ROWS_PER_UPDATE: usize = 100;
 /// statement: one message is a plain `UPDATE … WHERE id`, several are an `UPDATE … FROM` a
 /// list of values (both engines).
 async fn write_rows(tx: &mut Tx, msgs: &[&Message]) -> Result<()> {
+    crate::files::refer(tx, msgs.iter().copied()).await?;
     let n = UPDATED_COLS.len();
     for chunk in msgs.chunks(ROWS_PER_UPDATE) {
         let sql = match chunk {
@@ -1108,6 +1111,7 @@ async fn insert_message_rows_with(tx: &mut Tx, msgs: &[Message], conflict: &str)
         return Ok(false);
     }
     insert_restricted(tx.backend, &mut tx.tx, msgs).await?;
+    crate::files::refer(tx, msgs).await?;
     Ok(true)
 }
 
@@ -1123,6 +1127,7 @@ pub(crate) async fn insert_new_rows(tx: &mut Tx, msgs: &[Message]) -> Result<Has
     }
     let kept: Vec<Message> = msgs.iter().filter(|m| written.contains(&m.id) && !m.restricted_visibility.is_empty()).cloned().collect();
     insert_restricted(tx.backend, &mut tx.tx, &kept).await?;
+    crate::files::refer(tx, msgs.iter().filter(|m| written.contains(&m.id))).await?;
     Ok(written)
 }
 

@@ -31,10 +31,12 @@
 //! [`WorkerConfig::poll_interval`] besides; on SQLite a push by this process wakes its workers
 //! ([`queue::Wake`]) and they poll besides.
 //!
-//! Depends on `offshoot-core`, `offshoot-store`, apalis and sqlx (typed pools for apalis);
+//! Depends on `offshoot-core`, `offshoot-store`, `offshoot-files` (the files job removes freed
+//! uploads from storage), apalis and sqlx (typed pools for apalis);
 //! must not depend on axum, the API or the WebSocket crate.
 
 pub mod backfill;
+pub mod files;
 pub mod jobs;
 pub mod queue;
 pub mod record;
@@ -71,6 +73,8 @@ pub struct WorkerConfig {
     /// How long a backfilling fork whose job the queue calls live may go without a committed
     /// page before the reconciler queues another job for it (see [`backfill::reconcile`]).
     pub stall_after: Duration,
+    /// Where uploads are stored, for the files job ([`files`]); `None`: nothing is freed.
+    pub files: Option<offshoot_files::Files>,
 }
 
 impl Default for WorkerConfig {
@@ -82,6 +86,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(10),
             stall_after: Duration::from_secs(60),
+            files: None,
         }
     }
 }
@@ -182,6 +187,10 @@ impl Jobs for Queue {
     fn counts(&self) -> BoxFuture<'_, Result<Vec<JobCounts>, Error>> {
         Box::pin(async move { Queue::counts(self).await.map_err(|e| internal("counting jobs failed", e)) })
     }
+
+    fn enqueue_files(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move { self.pools.push_files().await.map_err(|e| internal("queueing the files job failed", e)) })
+    }
 }
 
 /// What every job handler reaches.
@@ -197,6 +206,8 @@ pub struct Shared {
     pub api_secret: SecretString,
     /// Cancelled at shutdown: a backfill stops at its next page boundary.
     pub shutdown: CancellationToken,
+    /// Where uploads are stored (the files job).
+    pub files: Option<offshoot_files::Files>,
 }
 
 /// Readies the worker role; to be awaited before the process serves a request. The webhook
@@ -231,7 +242,11 @@ pub async fn run(queue: Queue, config: WorkerConfig, api_key: String, api_secret
         api_key: api_key.into(),
         api_secret,
         shutdown: shutdown.clone(),
+        files: config.files.clone(),
     });
+    if let Err(e) = shared.pools.push_files().await {
+        tracing::warn!(error = %e, "queueing the start-up files job failed");
+    }
     // Unique per process start: a restarted process must not take over its predecessor's name.
     let instance = format!("{}-{}", std::process::id(), ulid::Ulid::generate());
     let monitor = register(Monitor::new(), &shared, &config, &instance)
@@ -301,6 +316,7 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
                 strategy,
                 (BackfillJob, BACKFILL_QUEUE, bf_n, "backfill", backfill::run_job),
                 (DeliveryJob, WEBHOOK_QUEUE, wh_n, "webhook", webhooks::run_job),
+                (files::FilesJob, files::FILES_QUEUE, 1, "files", files::run_job),
             )
         }
         Pools::Postgres(pool) => {
@@ -320,6 +336,7 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
                 strategy,
                 (BackfillJob, BACKFILL_QUEUE, bf_n, "backfill", backfill::run_job),
                 (DeliveryJob, WEBHOOK_QUEUE, wh_n, "webhook", webhooks::run_job),
+                (files::FilesJob, files::FILES_QUEUE, 1, "files", files::run_job),
             )
         }
     }

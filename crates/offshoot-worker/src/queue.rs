@@ -277,6 +277,12 @@ impl Pools {
         Ok(())
     }
 
+    /// Pushes one files job (`files.rs`).
+    pub async fn push_files(&self) -> Result<(), QueueError> {
+        self.push(crate::files::FILES_QUEUE, vec![(crate::files::FilesJob::default(), TaskId::from(Ulid::generate()), Duration::ZERO)])
+            .await
+    }
+
     /// Pushes one backfill job for `fork_cid`, due after `after`.
     pub async fn push_backfill(&self, job: BackfillJob, after: Duration) -> Result<(), QueueError> {
         self.push(BACKFILL_QUEUE, vec![(job, TaskId::from(Ulid::generate()), after)]).await

@@ -52,6 +52,13 @@ pub struct Config {
     /// Client events (typing, custom events, health checks) one WebSocket connection may send
     /// per minute; a connection over it is closed.
     pub ws_client_events_per_minute: u32,
+    /// Where uploads are stored: `file://DIR` or `s3://BUCKET?endpoint=…`; `None`: the directory
+    /// `offshoot-files` next to the SQLite file (or in the working directory on PostgreSQL).
+    pub storage: Option<String>,
+    /// Bytes one uploaded file may have at most (Stream's 100 MB by default).
+    pub max_upload_bytes: u64,
+    /// `scheme://host[:port]` that upload links start with; `None`: the request's `Host`.
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +126,21 @@ impl std::fmt::Debug for Config {
             .field("rate_limit_flush", &self.rate_limit_flush)
             .field("ws_connections_per_user", &self.ws_connections_per_user)
             .field("ws_client_events_per_minute", &self.ws_client_events_per_minute)
+            .field("storage", &self.storage.as_deref().map(redact_storage))
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("public_url", &self.public_url)
             .finish()
+    }
+}
+
+/// A storage setting without its credentials (`secret_access_key`).
+fn redact_storage(s: &str) -> String {
+    match s.split_once('?') {
+        Some((base, query)) => {
+            let kept: Vec<&str> = query.split('&').filter(|p| !p.starts_with("secret_access_key=")).collect();
+            format!("{base}?{}", kept.join("&"))
+        }
+        None => s.to_string(),
     }
 }
 
@@ -153,6 +174,9 @@ impl Default for Config {
             rate_limit_flush: offshoot_api::ratelimit_shared::DEFAULT_FLUSH,
             ws_connections_per_user: offshoot_ws::DEFAULT_CONNECTIONS_PER_USER,
             ws_client_events_per_minute: offshoot_ws::DEFAULT_CLIENT_EVENTS_PER_MINUTE,
+            storage: None,
+            max_upload_bytes: offshoot_api::DEFAULT_MAX_UPLOAD,
+            public_url: None,
         }
     }
 }
@@ -220,6 +244,11 @@ pub struct Settings {
     pub ws_connections_per_user: Option<usize>,
     #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
     pub ws_client_events_per_minute: Option<u32>,
+    pub storage: Option<String>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub max_upload_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "text", skip_serializing_if = "Option::is_none")]
+    pub public_url: Option<String>,
 }
 
 /// A value as text. The environment and the file hold text that figment reads as numbers or
@@ -389,7 +418,41 @@ impl Config {
             anyhow::ensure!(v > 0, "OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE must be positive");
             c.ws_client_events_per_minute = v;
         }
+        if let Some(v) = s.storage {
+            anyhow::ensure!(
+                v.starts_with("file://") || v.starts_with("s3://"),
+                "OFFSHOOT_STORAGE must be file://DIR or s3://BUCKET?…, not {v:?}"
+            );
+            c.storage = Some(v);
+        }
+        if let Some(v) = s.max_upload_bytes {
+            anyhow::ensure!(v >= 1024, "OFFSHOOT_MAX_UPLOAD_BYTES must be at least 1024");
+            c.max_upload_bytes = v;
+        }
+        if let Some(v) = s.public_url {
+            anyhow::ensure!(
+                v.starts_with("http://") || v.starts_with("https://"),
+                "OFFSHOOT_PUBLIC_URL must be an http:// or https:// URL"
+            );
+            c.public_url = Some(v.trim_end_matches('/').to_string());
+        }
         Ok(c)
+    }
+
+    /// The storage setting in force: [`Config::storage`], or the `offshoot-files` directory
+    /// next to the SQLite database file (the working directory's on PostgreSQL).
+    pub fn storage_setting(&self) -> String {
+        if let Some(s) = &self.storage {
+            return s.clone();
+        }
+        let file = self.database_url.strip_prefix("sqlite://").or_else(|| self.database_url.strip_prefix("sqlite:"));
+        let dir = file
+            .map(|f| f.split('?').next().unwrap_or(f))
+            .filter(|f| !f.is_empty() && *f != ":memory:")
+            .and_then(|f| Path::new(f).parent().map(Path::to_path_buf))
+            .map(|p| if p.as_os_str().is_empty() { Path::new(".").to_path_buf() } else { p })
+            .unwrap_or_else(|| Path::new(".").to_path_buf());
+        format!("file://{}", dir.join("offshoot-files").display())
     }
 
     /// The worker's configuration with the backfill and polling fields applied.

@@ -104,6 +104,14 @@ async fn role_routes(
         None => Arc::new(NoWatchers),
     };
     let limiter = rate_limiter(config, store, api_secret, tasks, shutdown);
+    let files = if config.roles.api || config.roles.worker {
+        let setting = config.storage_setting();
+        let files = offshoot_files::Files::open(&setting).map_err(|e| anyhow::anyhow!("opening the file storage: {e}"))?;
+        tracing::info!(storage = files.describe(), "file storage");
+        Some(files)
+    } else {
+        None
+    };
     let mut router = axum::Router::new();
     if config.roles.api {
         let state = offshoot_api::ApiState::with_max_body(
@@ -115,6 +123,10 @@ async fn role_routes(
             config.max_body_bytes,
         )
         .with_rate_limits(limiter.clone());
+        let state = match &files {
+            Some(f) => state.with_uploads(f.clone(), config.max_upload_bytes, config.public_url.clone()),
+            None => state,
+        };
         router = router.merge(offshoot_api::router(state));
     } else {
         router = router.merge(offshoot_api::health_router(store.clone()));
@@ -130,7 +142,9 @@ async fn role_routes(
         // Before the listener serves: the webhook relay's cursor must exist before this
         // process's API writes its first event, or that event is never relayed.
         offshoot_worker::prepare(queue).await.map_err(|e| anyhow::anyhow!("preparing the worker: {e}"))?;
-        let (q, c, k, sec, s) = (queue.clone(), config.worker_config(), api_key.to_string(), api_secret.clone(), shutdown.clone());
+        let mut c = config.worker_config();
+        c.files = files.clone();
+        let (q, k, sec, s) = (queue.clone(), api_key.to_string(), api_secret.clone(), shutdown.clone());
         tasks.spawn(async move { offshoot_worker::run(q, c, k, sec, s).await });
     }
 
