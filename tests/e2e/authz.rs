@@ -480,6 +480,7 @@ const ROUTES: &[(&str, &str, Class)] = &[
     ("POST", "/guest", Write),
     ("GET", "/tasks/{id}", Read("admins and server-side")),
     ("GET", "/jobs", Read("admins and server-side")),
+    ("GET", "/rate_limits", Read("server-side only")),
     ("GET", "/webhooks/dead_letters", Read("admins and server-side")),
     ("POST", "/webhooks/dead_letters/replay", Write),
     ("POST", "/moderation/ban", Write),
