@@ -33,11 +33,8 @@ import http.server
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -54,12 +51,13 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from offshoot_harness import Server, binary_or_exit, each_backend  # noqa: E402
+
 SHOTS = HERE / "screenshots"
 API_KEY = "console-test-key"
 API_SECRET = "console-test-secret-" + "x" * 32
 CHROMIUM = os.environ.get("OFFSHOOT_CHROMIUM", "/usr/bin/chromium")
-READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 # Bounds of the waits below (conditions, never sleeps standing for "it happened").
 UI_TIMEOUT_MS = 15_000
 BACKFILL_TIMEOUT_S = 180.0
@@ -88,57 +86,6 @@ def check(cond: bool, what: str) -> None:
 
 
 # ---------------------------------------------------------------------------- the server
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(base_url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before it was ready\n{log_path.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the server was not ready within {READY_TIMEOUT_S:.0f}s\n{log_path.read_text()}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        print(f"the server did not stop within {STOP_TIMEOUT_S:.0f}s of SIGTERM: killing it", file=sys.stderr)
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def postgres_database(server_url: str):
-    """A fresh database on the server of `server_url`, dropped afterwards."""
-    name = f"offshoot_console_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    parts = urllib.parse.urlsplit(server_url)
-    admin_url = urllib.parse.urlunsplit(parts._replace(path="/postgres"))
-    subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-q", admin_url, "-c", f"CREATE DATABASE {name}"], check=True)
-    try:
-        yield urllib.parse.urlunsplit(parts._replace(path="/" + name))
-    finally:
-        subprocess.run(
-            ["psql", "-q", admin_url, "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
 
 @contextmanager
@@ -580,44 +527,41 @@ def step(what: str):
 
 
 def run_pass(backend: str, binary: Path, database_url: str, workdir: Path) -> bool:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log_path = workdir / f"server-{backend}.log"
-    env = dict(os.environ)
-    env.update(
-        OFFSHOOT_LISTEN=f"127.0.0.1:{port}",
-        DATABASE_URL=database_url,
-        OFFSHOOT_API_KEY=API_KEY,
-        OFFSHOOT_API_SECRET=API_SECRET,
-        OFFSHOOT_ROLES="api,ws,worker",
-        # Small pages with a pause between them: 5,000 messages take several seconds to copy.
-        OFFSHOOT_BACKFILL_PAGE_SIZE="200",
-        OFFSHOOT_BACKFILL_PAGE_DELAY_MS="300",
-        OFFSHOOT_WORKER_POLL_MS="100",
-        RUST_LOG=os.environ.get("RUST_LOG", "warn"),
+    server = Server(
+        binary,
+        backend,
+        database_url,
+        workdir,
+        API_KEY,
+        API_SECRET,
+        env={
+            # Small pages with a pause between them: 5,000 messages take several seconds to copy.
+            "OFFSHOOT_BACKFILL_PAGE_SIZE": "200",
+            "OFFSHOOT_BACKFILL_PAGE_DELAY_MS": "300",
+            "OFFSHOOT_WORKER_POLL_MS": "100",
+        },
     )
+    base = server.base_url
     print(f"\n--- console browser test on {backend}: {binary.name} serve at {base}", flush=True)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
     ok = False
     try:
-        wait_ready(base, proc, log_path)
-        api = Api(base)
-        tag = f"{backend[:2]}{uuid.uuid4().hex[:6]}"
-        step(f"seeding ({SOURCE_MESSAGES:,} messages, three forks, a dead letter)")
-        with refusing_receiver() as receiver:
-            data = seed(api, tag, receiver)
-        step("the page's headers and errors")
-        check_serving(base)
-        run_browser_checks(base, api, data, binary, backend)
-        ok = True
+        with server:
+            api = Api(base)
+            tag = f"{backend[:2]}{uuid.uuid4().hex[:6]}"
+            step(f"seeding ({SOURCE_MESSAGES:,} messages, three forks, a dead letter)")
+            with refusing_receiver() as receiver:
+                data = seed(api, tag, receiver)
+            step("the page's headers and errors")
+            check_serving(base)
+            run_browser_checks(base, api, data, binary, backend)
+            ok = True
     except Exception:  # noqa: BLE001 (every failure is reported and fails the pass)
         traceback.print_exc()
-    finally:
-        stop(proc)
-    if not ok or proc.returncode not in (0, -signal.SIGTERM):
-        print(f"\n--- server log ({backend}, exit {proc.returncode}) ---\n{log_path.read_text()[-20000:]}", file=sys.stderr)
+    if server.unclean:
+        print(f"{server.unclean} ({backend})", file=sys.stderr)
         ok = False
+    if not ok:
+        server.print_log()
     return ok
 
 
@@ -626,29 +570,16 @@ def main() -> int:
     ap.add_argument("--binary", type=Path, default=ROOT / "target" / "debug" / "offshoot")
     ap.add_argument("--pg-url", help="a PostgreSQL server URL; adds a pass on a fresh database there")
     args = ap.parse_args()
-    args.binary = args.binary.resolve()
-    if not args.binary.exists():
-        print(f"{args.binary} does not exist: run `cargo build -p offshoot` first", file=sys.stderr)
-        return 1
+    binary = binary_or_exit(args.binary)
     if not (shutil.which(CHROMIUM) or Path(CHROMIUM).exists()):
         print(f"{CHROMIUM} not found: apt-get install -y chromium (or set OFFSHOOT_CHROMIUM)", file=sys.stderr)
         return 1
     SHOTS.mkdir(exist_ok=True)
-
-    failed: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="offshoot-console-") as tmp:
-        workdir = Path(tmp)
-        if not run_pass("sqlite", args.binary, f"sqlite://{workdir}/console.db?mode=rwc", workdir):
-            failed.append("sqlite")
-        if args.pg_url:
-            with postgres_database(args.pg_url) as url:
-                if not run_pass("postgres", args.binary, url, workdir):
-                    failed.append("postgres")
-    if failed:
-        print(f"\nconsole browser test FAILED on: {', '.join(failed)} (screenshots in {SHOTS})", file=sys.stderr)
-        return 1
-    print(f"\nconsole browser test passed on: {'sqlite, postgres' if args.pg_url else 'sqlite (no PostgreSQL given)'} (screenshots in {SHOTS})")
-    return 0
+    code = each_backend(
+        "console browser test", "offshoot_console", args.pg_url, lambda backend, url, workdir: run_pass(backend, binary, url, workdir)
+    )
+    print(f"(screenshots in {SHOTS})")
+    return code
 
 
 if __name__ == "__main__":

@@ -21,28 +21,20 @@ import hmac
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import long_values  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests"))
+import long_values  # noqa: E402
+from offshoot_harness import NO_LIMITS, Server, binary_or_exit, each_backend  # noqa: E402
+
 API_KEY = "fuzz-test-key"
 API_SECRET = "fuzz-test-secret-" + "y" * 32
-READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 
@@ -58,80 +50,14 @@ def server_token(secret: str) -> str:
     return f"{head}.{body}.{sig}"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(base_url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before it was ready\n{log_path.read_text()}")
-        try:
-            with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the server was not ready within {READY_TIMEOUT_S:.0f}s\n{log_path.read_text()}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def postgres_database(server_url: str):
-    name = f"offshoot_fuzz_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    parts = urllib.parse.urlsplit(server_url)
-    admin_url = urllib.parse.urlunsplit(parts._replace(path="/postgres"))
-    subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-q", admin_url, "-c", f"CREATE DATABASE {name}"], check=True)
-    try:
-        yield urllib.parse.urlunsplit(parts._replace(path="/" + name))
-    finally:
-        subprocess.run(
-            ["psql", "-q", admin_url, "-c", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-
-def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, max_examples: int, seed: int) -> int:
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    log_path = workdir / f"server-{backend}.log"
-    env = dict(os.environ)
-    env.update(
-        OFFSHOOT_LISTEN=f"127.0.0.1:{port}",
-        DATABASE_URL=database_url,
-        OFFSHOOT_API_KEY=API_KEY,
-        OFFSHOOT_API_SECRET=API_SECRET,
-        OFFSHOOT_ROLES="api,ws,worker",
-        RUST_LOG=os.environ.get("RUST_LOG", "warn"),
-        # Far above what the suite sends, so the limiting layer runs without refusing; the
-        # rate-limit tests start servers of their own with low limits.
-        OFFSHOOT_RATE_LIMITS="*=1000000,user=1000000",
-        OFFSHOOT_WS_CONNECTIONS_PER_USER="100000",
-        OFFSHOOT_WS_CLIENT_EVENTS_PER_MINUTE="1000000",
-    )
+def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, max_examples: int, seed: int) -> bool:
+    server = Server(binary, backend, database_url, workdir, API_KEY, API_SECRET, env=NO_LIMITS)
+    base_url = server.base_url
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
     print(f"\n--- schemathesis on {backend}: {binary.name} serve at {base_url}", flush=True)
     started = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-    try:
-        wait_ready(base_url, proc, log_path)
+    code = 1
+    with server:
         st_env = dict(os.environ, OFFSHOOT_FUZZ_API_KEY=API_KEY, OFFSHOOT_FUZZ_TOKEN=server_token(API_SECRET))
         cmd = [
             st,
@@ -166,13 +92,13 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, max_e
             print(f"long value on {backend}: {f}", file=sys.stderr)
         print(f"--- long values on {backend}: {len(failures)} of {len(long_values.probes())} probes failed", flush=True)
         code = code or (1 if failures else 0)
-    finally:
-        stop(proc)
     print(f"--- schemathesis on {backend}: exit {code} in {time.monotonic() - started:.0f}s", flush=True)
-    if code != 0 or proc.returncode not in (0, -signal.SIGTERM):
-        print(f"\n--- server log ({backend}, exit {proc.returncode}) ---\n{log_path.read_text()[-20000:]}", file=sys.stderr)
+    if server.unclean:
+        print(f"{server.unclean} ({backend})", file=sys.stderr)
         code = code or 1
-    return code
+    if code != 0:
+        server.print_log()
+    return code == 0
 
 
 def main() -> int:
@@ -182,24 +108,13 @@ def main() -> int:
     ap.add_argument("--max-examples", type=int, default=int(os.environ.get("OFFSHOOT_FUZZ_MAX_EXAMPLES", "5")))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("OFFSHOOT_FUZZ_SEED", "9")))
     args = ap.parse_args()
-    args.binary = args.binary.resolve()
-    if not args.binary.exists():
-        print(f"{args.binary} does not exist: run `cargo build -p offshoot` first", file=sys.stderr)
-        return 1
-    failed: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="offshoot-fuzz-") as tmp:
-        workdir = Path(tmp)
-        if run_pass("sqlite", args.binary, f"sqlite://{workdir}/fuzz.db?mode=rwc", workdir, args.max_examples, args.seed):
-            failed.append("sqlite")
-        if args.pg_url:
-            with postgres_database(args.pg_url) as url:
-                if run_pass("postgres", args.binary, url, workdir, args.max_examples, args.seed):
-                    failed.append("postgres")
-    if failed:
-        print(f"\nschemathesis FAILED on: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    print("\nschemathesis passed on: " + ("sqlite, postgres" if args.pg_url else "sqlite (no PostgreSQL given)"))
-    return 0
+    binary = binary_or_exit(args.binary)
+    return each_backend(
+        "schemathesis",
+        "offshoot_fuzz",
+        args.pg_url,
+        lambda backend, url, workdir: run_pass(backend, binary, url, workdir, args.max_examples, args.seed),
+    )
 
 
 if __name__ == "__main__":

@@ -142,6 +142,10 @@ run_pass() {
     port=$(free_port)
     base_url="http://127.0.0.1:$port"
     log="$WORK/server-$backend.log"
+    # Uploads in a directory of the pass's own (on PostgreSQL the default is the working
+    # directory); the worker a test starts inherits it with the environment.
+    export OFFSHOOT_STORAGE="file://$WORK/files-$backend"
+    mkdir -p "$WORK/files-$backend"
     printf '\n--- JS SDK tests (stream-chat %s) on %s: %s serve at %s\n' \
         "$(node -p 'require(process.argv[1]).version' "$HERE/node_modules/stream-chat/package.json")" \
         "$backend" "$(basename "$BIN")" "$base_url"
