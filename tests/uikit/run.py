@@ -209,7 +209,7 @@ class Watch:
         page.on("response", lambda r: self.responses.append((r.request.method, r.url, r.status)) if r.url.startswith(api_base) else None)
         page.on("requestfailed", lambda r: self.failed.append(f"{r.method} {r.url}: {r.failure}"))
         page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
-        page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text} ({m.location.get('url')})") if m.type == "error" else None)
 
     def calls(self, method: str, path: str) -> list[tuple[str, int]]:
         return [(u, s) for (m, u, s) in self.responses if m == method and urllib.parse.urlsplit(u).path == path]
@@ -219,6 +219,16 @@ class Watch:
         check(not bad, "API calls of the page failed:\n" + "\n".join(bad))
         check(not self.failed, "requests of the page failed:\n" + "\n".join(self.failed))
         check(not self.errors, "the page reported errors:\n" + "\n".join(self.errors))
+
+
+@contextmanager
+def shot_on_failure(page: Page, name: str):
+    """A screenshot of the page as it stood when a check failed."""
+    try:
+        yield
+    except Exception:
+        page.screenshot(path=str(SHOTS / f"failed-{name}.png"))
+        raise
 
 
 def open_app(browser, app_base: str, api_base: str, user: str, cid: str):
@@ -244,6 +254,13 @@ def wait_channel(page: Page, name: str):
 def check_uploads(browser, app_base: str, api: Api, data: dict, backend: str, workdir: Path):
     alice = data["users"]["alice"]
     ctx, page, watch = open_app(browser, app_base, api.base, alice, data["repair"])
+    with shot_on_failure(page, f"uploads-{backend}"):
+        uploads(page, watch, api, data, backend, workdir)
+    ctx.close()
+
+
+def uploads(page: Page, watch: Watch, api: Api, data: dict, backend: str, workdir: Path):
+    alice = data["users"]["alice"]
     wait_channel(page, "Lamp repair")
     page.wait_for_selector(".str-chat__message-text:has-text('cracked base')", timeout=UI_TIMEOUT_MS)
 
@@ -251,10 +268,19 @@ def check_uploads(browser, app_base: str, api: Api, data: dict, backend: str, wo
     (workdir / "lamp.png").write_bytes(image)
     (workdir / "invoice-4412.pdf").write_bytes(document)
     step("the attachment button, Upload file, a PNG and a PDF")
+    # With uploads the only attachment action the button opens the file chooser itself; with
+    # more (polls, commands, locations) it opens a menu whose "Upload file" does.
+    choosers = []
+    page.on("filechooser", lambda c: choosers.append(c))
     page.click(".str-chat__attachment-selector__menu-button")
-    with page.expect_file_chooser(timeout=UI_TIMEOUT_MS) as chooser:
-        page.click(".str-chat__attachment-selector-actions-menu__upload-file-button")
-    chooser.value.set_files([str(workdir / "lamp.png"), str(workdir / "invoice-4412.pdf")])
+    upload_item = page.locator(".str-chat__attachment-selector-actions-menu__upload-file-button")
+    deadline = time.monotonic() + UI_TIMEOUT_MS / 1000
+    while not choosers:
+        if upload_item.is_visible():
+            upload_item.click()
+        check(time.monotonic() < deadline, "neither a file chooser nor the attachment menu opened")
+        page.wait_for_timeout(100)
+    choosers[0].set_files([str(workdir / "lamp.png"), str(workdir / "invoice-4412.pdf")])
     kind, cid_id = data["repair"].split(":", 1)
     for what in ["image", "file"]:
         path = f"/channels/{kind}/{cid_id}/{what}"
@@ -284,8 +310,11 @@ def check_uploads(browser, app_base: str, api: Api, data: dict, backend: str, wo
     )
     natural = img.evaluate("(e) => [e.naturalWidth, e.naturalHeight, e.currentSrc]")
     check(natural[0] > 0 and natural[2].startswith(api.base), f"the image as the page loaded it: {natural}")
-    link = sent.locator("a", has_text="invoice-4412.pdf").first
-    link.wait_for(timeout=UI_TIMEOUT_MS)
+    # The file's row: its name and size, and its download link.
+    row = sent.locator(".str-chat__message-attachment-file--item", has_text="invoice-4412.pdf")
+    row.wait_for(timeout=UI_TIMEOUT_MS)
+    check(f"{len(document)} B" in row.inner_text(), f"the file's row: {row.inner_text()!r}")
+    link = row.locator("a[href]")
     href = link.get_attribute("href") or ""
     check(href.startswith(api.base), f"the file link: {href!r}")
     page.screenshot(path=str(SHOTS / f"uploads-{backend}.png"))
@@ -305,18 +334,32 @@ def check_uploads(browser, app_base: str, api: Api, data: dict, backend: str, wo
             got = r.read()
         check(got == want, f"{what} ({url}) downloads {len(got)} bytes, not the {len(want)} uploaded")
     watch.clean()
-    ctx.close()
 
 
 def check_search(browser, app_base: str, api: Api, data: dict, backend: str):
     alice = data["users"]["alice"]
     ctx, page, watch = open_app(browser, app_base, api.base, alice, data["repair"])
+    with shot_on_failure(page, f"search-{backend}"):
+        search(page, watch, api, data, backend)
+    ctx.close()
+
+
+def search(page: Page, watch: Watch, api: Api, data: dict, backend: str):
+    alice = data["users"]["alice"]
     wait_channel(page, "Lamp repair")
     step(f"the search box: {SEARCH_WORD!r}")
-    page.fill(".str-chat__search-input", SEARCH_WORD)
-    result = page.locator(".str-chat__search-result", has_text=SEARCH_WORD)
+    page.fill(".str-chat__search-bar__input", SEARCH_WORD)
+    # stream-chat-react 14 lists a message found as its channel's row (the channel's name, its
+    # latest message as the preview); the Messages source's items are the messages themselves.
+    result = page.locator(".str-chat__search-result", has_text="Garden party")
     result.first.wait_for(timeout=UI_TIMEOUT_MS)
-    check(result.count() == 1, f"results for {SEARCH_WORD!r}: {page.locator('.str-chat__search-result').all_inner_texts()}")
+    rows = page.locator(".str-chat__search-result").all_inner_texts()
+    check(len(rows) == 1, f"results for {SEARCH_WORD!r}: {rows}")
+    found = page.evaluate(
+        "() => window.__searchController.sources.map(s => [s.type, s.items.map(m => [m.id, m.cid, m.text])])"
+    )
+    want = [["messages", [[data["target"]["id"], data["party"], data["target"]["text"]]]]]
+    check(found == want, f"the Messages source holds {found}, want {want}")
     # What the Messages source asked: the user's channels, regular messages with the word.
     searches = [u for (m, u, _) in watch.requests if m == "GET" and urllib.parse.urlsplit(u).path == "/search"]
     check(searches, "the kit did not call GET /search")
@@ -341,7 +384,6 @@ def check_search(browser, app_base: str, api: Api, data: dict, backend: str):
     )
     page.screenshot(path=str(SHOTS / f"search-opened-{backend}.png"))
     watch.clean()
-    ctx.close()
 
 
 def run_pass(backend: str, binary: Path, database_url: str, workdir: Path) -> bool:

@@ -50,6 +50,8 @@ const Connected = ({ client }) => {
   const [searchController] = useState(
     () => new SearchController({ sources: [new MessageSearchSource(client)] }),
   );
+  // For the test: what the Messages source holds (its items are the messages found).
+  window.__searchController = searchController;
   return (
     <Chat client={client} searchController={searchController} theme='str-chat__theme-light'>
       <div className='app'>
