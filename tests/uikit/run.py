@@ -3,7 +3,7 @@
 
 `npm ci` installs the pinned kit (stream-chat-react on stream-chat 9.53.0, React, esbuild) when
 the lock file changed; build.mjs bundles app/ (Chat, Channel, Window, ChannelHeader,
-MessageList, MessageComposer, Thread and the kit's Search with its Messages source) into
+MessageList, MessageComposer, Thread and the kit's Search with Chat's own search controller) into
 tests/uikit/dist/ (git-ignored), which a static server of this process serves on its own
 loopback port, so every API call the page makes is a cross-origin one, as in production. For
 each backend (SQLite always; PostgreSQL when --pg-url is given, on a fresh database) this starts
@@ -15,8 +15,8 @@ in Debian's Chromium driven by Playwright as a user (a user token) and checks:
   the user's token; each file goes up through channel.sendImage / channel.sendFile; the message
   shows the image loaded (naturalWidth > 0) and the PDF as a link; the links download the same
   bytes;
-- search: a word typed into the search box; the kit sends GET /search with the Messages
-  source's payload, lists the matching message of the other channel, and a click on it opens
+- search: a word typed into the search box (the channels and users sources query as well), its
+  Messages filter; the kit sends GET /search with the Messages source's payload, lists the matching message of the other channel, and a click on it opens
   that channel with the message in view;
 - the page reported no script error and no API call failed.
 
@@ -349,6 +349,11 @@ def search(page: Page, watch: Watch, api: Api, data: dict, backend: str):
     wait_channel(page, "Lamp repair")
     step(f"the search box: {SEARCH_WORD!r}")
     page.fill(".str-chat__search-bar__input", SEARCH_WORD)
+    messages = page.locator(".str-chat__search-results-header__filter-source-button", has_text="Messages")
+    messages.click(timeout=UI_TIMEOUT_MS)
+    page.wait_for_selector(
+        ".str-chat__search-results-header__filter-source-button[aria-pressed=true]:has-text('Messages')", timeout=UI_TIMEOUT_MS
+    )
     # stream-chat-react 14 lists a message found as its channel's row (the channel's name, its
     # latest message as the preview); the Messages source's items are the messages themselves.
     result = page.locator(".str-chat__search-result", has_text="Garden party")
@@ -356,9 +361,9 @@ def search(page: Page, watch: Watch, api: Api, data: dict, backend: str):
     rows = page.locator(".str-chat__search-result").all_inner_texts()
     check(len(rows) == 1, f"results for {SEARCH_WORD!r}: {rows}")
     found = page.evaluate(
-        "() => window.__searchController.sources.map(s => [s.type, s.items.map(m => [m.id, m.cid, m.text])])"
+        "() => window.__searchController.sources.filter(s => s.type === 'messages').map(s => s.items.map(m => [m.id, m.cid, m.text]))"
     )
-    want = [["messages", [[data["target"]["id"], data["party"], data["target"]["text"]]]]]
+    want = [[[data["target"]["id"], data["party"], data["target"]["text"]]]]
     check(found == want, f"the Messages source holds {found}, want {want}")
     # What the Messages source asked: the user's channels, regular messages with the word.
     searches = [u for (m, u, _) in watch.requests if m == "GET" and urllib.parse.urlsplit(u).path == "/search"]
@@ -367,6 +372,7 @@ def search(page: Page, watch: Watch, api: Api, data: dict, backend: str):
     check(payload.get("filter_conditions") == {"members": {"$in": [alice]}}, f"the search's channel filter: {payload}")
     check(payload.get("message_filter_conditions") == {"type": "regular", "text": SEARCH_WORD}, f"the search's message filter: {payload}")
     check(payload.get("sort") == [{"field": "created_at", "direction": -1}], f"the search's sort: {payload}")
+    print("    the page's calls while searching: " + ", ".join(sorted({f"{m} {urllib.parse.urlsplit(u).path} {s}" for (m, u, s) in watch.responses})))
     page.screenshot(path=str(SHOTS / f"search-{backend}.png"))
 
     step("a click on the result opens its channel at the message")

@@ -1,10 +1,10 @@
 // A minimal app of the official React UI kit (stream-chat-react) on the official JS SDK, as a
 // customer would write it: Chat, Channel, Window, MessageList, MessageComposer (the kit's
-// message input), Thread, and the kit's Search with its Messages source. Its settings come in
+// message input), Thread, and the kit's Search (its sources: channels, users, messages). Its settings come in
 // the page's fragment: #base=…&key=…&user=…&token=…&cid=type:id (tests/uikit/run.py).
 import React, { useEffect, useState } from 'react';
 import { createRoot } from 'react-dom/client';
-import { MessageSearchSource, SearchController, StreamChat } from 'stream-chat';
+import { StreamChat } from 'stream-chat';
 import {
   Channel,
   ChannelHeader,
@@ -45,15 +45,19 @@ const App = () => {
   return <Connected client={client} />;
 };
 
-const Connected = ({ client }) => {
-  // Only the Messages source: the search box lists messages.
-  const [searchController] = useState(
-    () => new SearchController({ sources: [new MessageSearchSource(client)] }),
-  );
-  // For the test: what the Messages source holds (its items are the messages found).
+// For the test: the search controller Chat made (its sources: channels, users, messages), to
+// read what each source found.
+const ExposeSearch = () => {
+  const { searchController } = useChatContext();
   window.__searchController = searchController;
+  return null;
+};
+
+// Chat's own search controller, as an app that renders <Search /> gets it.
+const Connected = ({ client }) => {
   return (
-    <Chat client={client} searchController={searchController} theme='str-chat__theme-light'>
+    <Chat client={client} theme='str-chat__theme-light'>
+      <ExposeSearch />
       <div className='app'>
         <aside className='app-search'>
           <Search placeholder='Search messages' />
