@@ -17,7 +17,8 @@ in Debian's Chromium driven by Playwright as a user (a user token) and checks:
   bytes;
 - search: a word typed into the search box (the channels and users sources query as well), its
   Messages filter; the kit sends GET /search with the Messages source's payload, lists the matching message of the other channel, and a click on it opens
-  that channel with the message in view;
+  that channel with the message in view; the Users source finds a member by name and a click
+  opens a direct channel with them; the Channels source finds a channel by name;
 - the page reported no script error and no API call failed.
 
 Screenshots go to tests/uikit/screenshots/ (git-ignored). Exits non-zero when any check fails
@@ -348,12 +349,7 @@ def search(page: Page, watch: Watch, api: Api, data: dict, backend: str):
     alice = data["users"]["alice"]
     wait_channel(page, "Lamp repair")
     step(f"the search box: {SEARCH_WORD!r}")
-    page.fill(".str-chat__search-bar__input", SEARCH_WORD)
-    messages = page.locator(".str-chat__search-results-header__filter-source-button", has_text="Messages")
-    messages.click(timeout=UI_TIMEOUT_MS)
-    page.wait_for_selector(
-        ".str-chat__search-results-header__filter-source-button[aria-pressed=true]:has-text('Messages')", timeout=UI_TIMEOUT_MS
-    )
+    search_source(page, SEARCH_WORD, "Messages")
     # stream-chat-react 14 lists a message found as its channel's row (the channel's name, its
     # latest message as the preview); the Messages source's items are the messages themselves.
     result = page.locator(".str-chat__search-result", has_text="Garden party")
@@ -389,7 +385,30 @@ def search(page: Page, watch: Watch, api: Api, data: dict, backend: str):
         timeout=UI_TIMEOUT_MS,
     )
     page.screenshot(path=str(SHOTS / f"search-opened-{backend}.png"))
+
+    step("the Users source: a member by name opens a direct channel; the Channels source by name")
+    search_source(page, "Bob", "Users")
+    user = page.locator(".str-chat__search-result--user", has_text="Bob Okafor")
+    user.first.wait_for(timeout=UI_TIMEOUT_MS)
+    rows = page.locator(".str-chat__search-result--user").all_inner_texts()
+    check(len(rows) == 1, f"users found for 'Bob': {rows}")
+    user.first.click()
+    wait_channel(page, "Bob Okafor")
+    search_source(page, "Garden", "Channels")
+    page.locator(".str-chat__search-result", has_text="Garden party").first.wait_for(timeout=UI_TIMEOUT_MS)
+    rows = page.locator(".str-chat__search-result").all_inner_texts()
+    check(len(rows) == 1, f"channels found for 'Garden': {rows}")
+    page.screenshot(path=str(SHOTS / f"search-sources-{backend}.png"))
     watch.clean()
+
+
+def search_source(page: Page, text: str, source: str):
+    """`text` in the search box, then the filter button of `source` pressed."""
+    page.fill(".str-chat__search-bar__input", text)
+    page.locator(".str-chat__search-results-header__filter-source-button", has_text=source).click(timeout=UI_TIMEOUT_MS)
+    page.wait_for_selector(
+        f".str-chat__search-results-header__filter-source-button[aria-pressed=true]:has-text('{source}')", timeout=UI_TIMEOUT_MS
+    )
 
 
 def run_pass(backend: str, binary: Path, database_url: str, workdir: Path) -> bool:
