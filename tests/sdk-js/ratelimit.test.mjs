@@ -9,7 +9,7 @@ import net from 'node:net';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { StreamChat } from 'stream-chat';
 import { API_KEY, API_SECRET, BACKEND, REST_TIMEOUT_MS, uid } from './helpers.mjs';
@@ -27,11 +27,31 @@ function freePort() {
   });
 }
 
-/** `offshoot serve` (api, ws) with `limits`; on SQLite a database file of its own (one process per file). */
+/**
+ * A PostgreSQL database of the limited server's own, dropped after the test: the app's limits
+ * are counted in the database for every process that shares it (README, "Rate limits"), so on
+ * the suite's database the suite server's own sends would spend the limited server's budget.
+ */
+function ownPostgresDatabase() {
+  const url = new URL(process.env.OFFSHOOT_SDK_DATABASE_URL);
+  const name = `offshoot_sdk_rl_${randomUUID().replaceAll('-', '')}`;
+  const admin = new URL(url);
+  admin.pathname = '/postgres';
+  const psql = (sql) => {
+    const r = spawnSync('psql', ['-v', 'ON_ERROR_STOP=1', '-q', admin.toString(), '-c', sql], { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`psql ${sql}: ${r.stderr || r.error}`);
+  };
+  psql(`CREATE DATABASE ${name}`);
+  url.pathname = `/${name}`;
+  return { url: url.toString(), drop: () => psql(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`) };
+}
+
+/** `offshoot serve` (api, ws) with `limits`, on a database of its own. */
 async function startLimitedServer(limits) {
   const port = await freePort();
   const file = path.join(os.tmpdir(), `offshoot-sdk-rl-${randomUUID()}.db`);
-  const database = BACKEND === 'postgres' ? process.env.OFFSHOOT_SDK_DATABASE_URL : `sqlite://${file}?mode=rwc`;
+  const pg = BACKEND === 'postgres' ? ownPostgresDatabase() : null;
+  const database = pg ? pg.url : `sqlite://${file}?mode=rwc`;
   const child = spawn(process.env.OFFSHOOT_SDK_BIN, ['serve'], {
     env: {
       ...process.env,
@@ -59,6 +79,7 @@ async function startLimitedServer(limits) {
     child.kill('SIGTERM');
     await exited;
     for (const suffix of ['', '-wal', '-shm']) fs.rmSync(`${file}${suffix}`, { force: true });
+    pg?.drop();
   });
   return base;
 }

@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -33,9 +34,19 @@ def limited(server):
     if not binary or not database_url:
         pytest.fail("OFFSHOOT_SDK_BIN / OFFSHOOT_SDK_DATABASE_URL are not set: run through tests/sdk/run.py")
     own_file = None
+    own_database = None
     if database_url.startswith("sqlite"):
         own_file = f"{tempfile.gettempdir()}/offshoot-sdk-rl-{uuid.uuid4().hex}.db"
         database_url = f"sqlite://{own_file}?mode=rwc"
+    else:
+        # A database of its own: the app's limits are counted in the database for every process
+        # that shares it (README, "Rate limits"), so on the suite's database the suite server's
+        # own sends would spend this server's budget.
+        own_database = f"offshoot_sdk_rl_{uuid.uuid4().hex}"
+        parts = urlsplit(database_url)
+        admin_url = urlunsplit(parts._replace(path="/postgres"))
+        subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-q", admin_url, "-c", f"CREATE DATABASE {own_database}"], check=True)
+        database_url = urlunsplit(parts._replace(path=f"/{own_database}"))
     port = _free_port()
     env = dict(
         os.environ,
@@ -67,6 +78,8 @@ def limited(server):
         for suffix in ("", "-wal", "-shm") if own_file else ():
             if os.path.exists(own_file + suffix):
                 os.remove(own_file + suffix)
+        if own_database:
+            subprocess.run(["psql", "-q", admin_url, "-c", f"DROP DATABASE IF EXISTS {own_database} WITH (FORCE)"], check=False)
 
 
 def test_a_user_over_its_limit_gets_the_rate_limit_exception_with_its_headers(limited, uid):
