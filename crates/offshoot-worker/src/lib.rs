@@ -404,7 +404,8 @@ mod tests {
     fn the_heartbeat_reaches_apalis_on_both_engines() {
         for secs in [1, 2, 7] {
             let c = WorkerConfig { heartbeat: Duration::from_secs(secs), poll_interval: Duration::from_millis(250), ..Default::default() };
-            let (sqlite, postgres) = (sqlite_queue(queue::BACKFILL_QUEUE, 4, c.heartbeat), postgres_queue(queue::BACKFILL_QUEUE, 4, c.heartbeat));
+            let (sqlite, postgres) =
+                (sqlite_queue(queue::BACKFILL_QUEUE, 4, c.heartbeat), postgres_queue(queue::BACKFILL_QUEUE, 4, c.heartbeat));
             assert_eq!(sqlite.heartbeat_interval, c.heartbeat);
             assert_eq!(postgres.heartbeat_interval, c.heartbeat);
             let silent_for = c.heartbeat * MISSED_HEARTBEATS as u32;
