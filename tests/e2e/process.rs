@@ -185,6 +185,56 @@ async fn sigterm_during_a_backfill_and_open_requests_answers_them_exits_cleanly_
     assert_eq!(all, source.iter().map(|s| copy_id(fc, s)).collect::<Vec<_>>(), "every message exactly once, in order");
 }
 
+/// SIGKILL mid-backfill, then a restart at once on the same database. On SQLite, which one
+/// process serves, the restarted process takes back the job its dead predecessor held before
+/// its workers fetch (`offshoot_worker::prepare`): once it answers, no job is held by a worker
+/// of the dead process any more. Its heartbeat is a minute, so neither apalis's takeover
+/// (3 missed heartbeats: 3 min) nor the reconciler's stall check (a minute without a page) can
+/// come within the bound below; only the start-up take-back can finish the fork in time. On
+/// PostgreSQL a restarted process knows its predecessor's jobs only by their heartbeat (another
+/// live process may be running them): with a 1 s heartbeat they are taken over within 5 s.
+/// Either way the fork ends with every message copied exactly once.
+#[tokio::test]
+async fn a_process_killed_mid_backfill_and_restarted_at_once_takes_its_job_back_and_finishes_the_fork() {
+    let db = TestDb::create().await;
+    let sqlite = backend() == Backend::Sqlite;
+    let heartbeat_secs: u64 = if sqlite { 60 } else { 1 };
+    let heartbeat = heartbeat_secs.to_string();
+    // The first process copies a page, then pauses a minute: its job is running when it dies.
+    let env = [("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"), ("OFFSHOOT_WORKER_HEARTBEAT_SECS", heartbeat.as_str())];
+    let mut first = ServerProcess::start(&db, &[env.as_slice(), &[("OFFSHOOT_BACKFILL_PAGE_DELAY_MS", "60000")]].concat()).await;
+    first.users(&["u1"]).await;
+    first.channel("agent:revived", "u1", &["u1"]).await;
+    let source = first.seed("agent:revived", "u1", "revived", 300, past_ns(), 8).await;
+    let fc = "agent:revived-fork";
+    let r = first.fork("agent:revived", &source[299], "revived-fork").await.ok();
+    assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    let held = crate::worker::wait_one_running_backfill(&db).await;
+    let dead_worker = held.lock_by.clone();
+
+    first.kill();
+    let restarted = Instant::now();
+    let second = ServerProcess::start(&db, &env).await;
+    if sqlite {
+        let jobs = crate::worker::backfill_jobs(&db).await;
+        assert!(
+            jobs.iter().all(|j| j.lock_by != dead_worker),
+            "the restarted process is up and the dead worker ({dead_worker:?}) holds nothing: {jobs:?}"
+        );
+    }
+    // Well before the heartbeat takeover (3 heartbeats) and the reconciler's stall check (60 s)
+    // on SQLite; the takeover's bound is 4 heartbeats and a poll on PostgreSQL.
+    let within = if sqlite { Duration::from_secs(45) } else { WAIT };
+    let done = second.wait_fork_finished_within(fc, within).await;
+    eprintln!("figure: the fork finished {:?} after the restart began", restarted.elapsed());
+    assert_eq!(done["status"], json!("completed"), "{done}");
+    assert_eq!(done["copied_message_count"], json!(300), "{done}");
+    let all = ids(&serde_json::Value::Array(second.all_messages(fc).await));
+    assert_eq!(all, source.iter().map(|s| copy_id(fc, s)).collect::<Vec<_>>(), "every message exactly once, in order");
+    let jobs = crate::worker::backfill_jobs(&db).await;
+    assert!(jobs.iter().any(|j| j.id == held.id && j.lock_by != dead_worker), "the dead worker's own job was run again: {jobs:?}");
+}
+
 /// Runs the binary with `args` to completion; returns (success, stdout, stderr).
 fn run_binary(args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(binary_path()).args(args).output().expect("running the offshoot binary");

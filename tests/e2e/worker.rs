@@ -50,6 +50,56 @@ pub(crate) async fn remove_copy_fault(db: &TestDb) {
     execute(db, sql).await;
 }
 
+/// A backfill job's row in apalis's table: its id, status and the worker holding it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JobRow {
+    pub id: String,
+    pub status: String,
+    pub lock_by: Option<String>,
+}
+
+/// Every backfill job's row in apalis's table, by id.
+pub(crate) async fn backfill_jobs(db: &TestDb) -> Vec<JobRow> {
+    use sqlx::Connection;
+    let rows: Vec<(String, String, Option<String>)> = match backend() {
+        Backend::Sqlite => {
+            let mut c = sqlx::SqliteConnection::connect(&db.url).await.expect("open the SQLite database");
+            let rows = sqlx::query_as("SELECT id, status, lock_by FROM Jobs WHERE job_type = 'offshoot.backfill' ORDER BY id")
+                .fetch_all(&mut c)
+                .await
+                .expect("read Jobs");
+            let _ = c.close().await;
+            rows
+        }
+        Backend::Postgres => {
+            let mut c = sqlx::PgConnection::connect(&db.url).await.expect("open the PostgreSQL database");
+            let rows = sqlx::query_as("SELECT id, status, lock_by FROM apalis.jobs WHERE job_type = 'offshoot.backfill' ORDER BY id")
+                .fetch_all(&mut c)
+                .await
+                .expect("read apalis.jobs");
+            let _ = c.close().await;
+            rows
+        }
+    };
+    rows.into_iter().map(|(id, status, lock_by)| JobRow { id, status, lock_by }).collect()
+}
+
+/// Waits (bounded) until exactly one backfill job is running; returns its row.
+pub(crate) async fn wait_one_running_backfill(db: &TestDb) -> JobRow {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let jobs = backfill_jobs(db).await;
+        let running: Vec<&JobRow> = jobs.iter().filter(|j| j.status == "Running").collect();
+        if let [job] = running.as_slice() {
+            if job.lock_by.is_some() {
+                return (*job).clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "no backfill job running within {WAIT:?}: {jobs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn queue<'a>(counts: &'a Value, name: &str) -> &'a Value {
     counts["queues"]
         .as_array()
@@ -132,13 +182,24 @@ async fn hand_backfill_jobs_to_a_ghost(db: &TestDb) {
         Backend::Sqlite => {
             "INSERT INTO Workers (id, worker_type, storage_name, layers, last_seen, started_at) \
              VALUES ('ghost', 'offshoot.backfill', 'SqliteStorage', '', strftime('%s', 'now') + 86400, strftime('%s', 'now')); \
-             UPDATE Jobs SET status = 'Running', lock_by = 'ghost', lock_at = strftime('%s', 'now') WHERE job_type = 'offshoot.backfill';"
+             UPDATE Jobs SET status = 'Running', lock_by = 'ghost', lock_at = strftime('%s', 'now'), \
+             run_at = strftime('%s', 'now') WHERE job_type = 'offshoot.backfill';"
         }
         Backend::Postgres => {
             "INSERT INTO apalis.workers (id, worker_type, storage_name, layers, last_seen, started_at) \
              VALUES ('ghost', 'offshoot.backfill', 'PostgresStorage', '', now() + interval '1 day', now()); \
-             UPDATE apalis.jobs SET status = 'Running', lock_by = 'ghost', lock_at = now() WHERE job_type = 'offshoot.backfill';"
+             UPDATE apalis.jobs SET status = 'Running', lock_by = 'ghost', lock_at = now(), run_at = now() \
+             WHERE job_type = 'offshoot.backfill';"
         }
+    };
+    execute(db, sql).await;
+}
+
+/// Puts every backfill job out of the workers' reach for a day (due then).
+async fn postpone_backfill_jobs(db: &TestDb) {
+    let sql = match backend() {
+        Backend::Sqlite => "UPDATE Jobs SET run_at = strftime('%s', 'now') + 86400 WHERE job_type = 'offshoot.backfill';",
+        Backend::Postgres => "UPDATE apalis.jobs SET run_at = now() + interval '1 day' WHERE job_type = 'offshoot.backfill';",
     };
     execute(db, sql).await;
 }
@@ -151,16 +212,19 @@ async fn a_backfill_whose_job_the_queue_holds_but_no_worker_runs_is_queued_again
     let m = app.seed("agent:held", "u1", "held", 250, past_ns(), 8).await;
     let r = app.fork("agent:held", &m[249], "held-fork").await.ok();
     assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
-    hand_backfill_jobs_to_a_ghost(&app.db).await;
-    let counts = app.get("/jobs", &app.server()).await.ok();
-    assert_eq!(queue(&counts, "offshoot.backfill")["running"], json!(1), "the ghost holds the fork's job: {counts}");
-
+    // The ghost takes the job once the worker is up: on SQLite a starting worker takes back
+    // every job a previous run left running (the ghost's too), and the job stays out of the
+    // worker's reach until the ghost has it.
+    postpone_backfill_jobs(&app.db).await;
     let _worker = TestApp::spawn_on(app.db.clone(), |c| {
         c.roles = offshoot::Roles { api: false, ws: false, worker: true };
         c.worker.reconcile_interval = Duration::from_millis(500);
         c.worker.stall_after = Duration::from_secs(2);
     })
     .await;
+    hand_backfill_jobs_to_a_ghost(&app.db).await;
+    let counts = app.get("/jobs", &app.server()).await.ok();
+    assert_eq!(queue(&counts, "offshoot.backfill")["running"], json!(1), "the ghost holds the fork's job: {counts}");
     let done = app.wait_fork_finished("agent:held-fork").await;
     assert_eq!(done["status"], json!("completed"), "{done}");
     assert_eq!(done["copied_message_count"], json!(250), "{done}");
@@ -252,4 +316,46 @@ async fn on_postgres_two_workers_split_eight_forks_and_when_one_is_killed_the_ot
         let expected: Vec<String> = m.iter().map(|s| copy_id(&cid, s)).collect();
         assert_eq!(all, expected, "every message of {cid} exactly once, in order");
     }
+}
+
+/// On PostgreSQL a worker process that starts leaves the jobs of the live ones alone (they may
+/// be running them), and a worker that dies has its jobs taken over by a live one by heartbeat
+/// (`OFFSHOOT_WORKER_HEARTBEAT_SECS`): the dead worker's own job is put back in the queue and
+/// run by the live worker, and the fork finishes with every message copied once. The job's row
+/// tells the takeover apart from the reconciler, which would queue a new job instead (after
+/// 60 s without a page).
+#[tokio::test]
+#[ignore = "PostgreSQL only: runs with OFFSHOOT_TEST_BACKEND=postgres and --include-ignored"]
+async fn on_postgres_a_starting_worker_leaves_live_jobs_alone_and_a_dead_workers_fork_is_taken_over_by_heartbeat() {
+    require_postgres("several worker processes on one database");
+    let db = TestDb::create().await;
+    let heartbeat = ("OFFSHOOT_WORKER_HEARTBEAT_SECS", "2");
+    // The first process copies a page, then pauses a minute: its job is running when it dies.
+    let mut first =
+        ServerProcess::start(&db, &[("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"), ("OFFSHOOT_BACKFILL_PAGE_DELAY_MS", "60000"), heartbeat]).await;
+    first.users(&["u1"]).await;
+    first.channel("agent:taken", "u1", &["u1"]).await;
+    let m = first.seed("agent:taken", "u1", "taken", 300, past_ns(), 8).await;
+    let fc = "agent:taken-fork";
+    let r = first.fork("agent:taken", &m[299], "taken-fork").await.ok();
+    assert_eq!(r["fork"]["status"], json!("backfilling"), "{r}");
+    let held = wait_one_running_backfill(&db).await;
+
+    // Every role: its API answers once the fork's first process is gone.
+    let second = ServerProcess::start(&db, &[("OFFSHOOT_BACKFILL_PAGE_SIZE", "10"), heartbeat]).await;
+    let now = backfill_jobs(&db).await;
+    assert!(now.contains(&held), "the second process is up (its start-up is done) and the first still holds its job: {now:?}");
+
+    first.kill();
+    let killed = std::time::Instant::now();
+    let done = second.wait_fork_finished(fc).await;
+    eprintln!("figure: the fork of a worker killed mid-backfill finished {:?} after the kill", killed.elapsed());
+    assert_eq!(done["status"], json!("completed"), "{done}");
+    assert_eq!(done["copied_message_count"], json!(300), "{done}");
+    let all: Vec<String> = second.all_messages(fc).await.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect();
+    assert_eq!(all, m.iter().map(|s| copy_id(fc, s)).collect::<Vec<_>>(), "every message exactly once, in order");
+    let after = backfill_jobs(&db).await;
+    let same = after.iter().find(|j| j.id == held.id).unwrap_or_else(|| panic!("the first job's row is gone: {after:?}"));
+    assert_ne!(same.lock_by, held.lock_by, "the dead worker's job went to the live worker: {after:?}");
+    assert_eq!(after.len(), 1, "no other job was queued for the fork: {after:?}");
 }

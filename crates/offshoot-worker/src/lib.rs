@@ -26,8 +26,11 @@
 //! **Workers.** Each process start registers workers under unique names (a restarted process
 //! must not reuse the name of its dead predecessor). A worker that dies (SIGKILL, power loss)
 //! stops its heartbeat; after [`WorkerConfig::heartbeat`] × [`MISSED_HEARTBEATS`] a live
-//! worker's heartbeat puts its jobs back in the queue, and the backfill resumes from the fork's
-//! cursor. On PostgreSQL workers are woken by LISTEN/NOTIFY and poll every
+//! worker's heartbeat puts its jobs back in the queue (within [`WorkerConfig::takeover_bound`],
+//! 9 s by default), and the backfill resumes from the fork's cursor. On SQLite, which one
+//! process serves, a restarted process does not wait for that: [`prepare`] takes back every
+//! job still marked fetched or running before its workers start
+//! ([`queue::Pools::take_back_orphans`]). On PostgreSQL workers are woken by LISTEN/NOTIFY and poll every
 //! [`WorkerConfig::poll_interval`] besides; on SQLite a push by this process wakes its workers
 //! ([`queue::Wake`]) and they poll besides.
 //!
@@ -64,7 +67,8 @@ pub struct WorkerConfig {
     pub backfill: BackfillPolicy,
     pub webhooks: WebhookPolicy,
     /// How often a worker tells the database it is alive (and re-queues the jobs of workers
-    /// that stopped doing so).
+    /// that stopped doing so): a dead worker's jobs are started again within
+    /// [`WorkerConfig::takeover_bound`].
     pub heartbeat: Duration,
     /// How often an idle worker looks for due jobs (besides LISTEN/NOTIFY on PostgreSQL).
     pub poll_interval: Duration,
@@ -82,7 +86,8 @@ impl Default for WorkerConfig {
         WorkerConfig {
             backfill: BackfillPolicy::default(),
             webhooks: WebhookPolicy::default(),
-            heartbeat: Duration::from_secs(5),
+            // A dead worker's jobs go to a live one within 2 s × (3 + 1) + 1 s = 9 s.
+            heartbeat: Duration::from_secs(2),
             poll_interval: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(10),
             stall_after: Duration::from_secs(60),
@@ -92,11 +97,24 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// The longest a dead worker's job waits before another worker takes it: its heartbeat
-    /// missed [`MISSED_HEARTBEATS`] times, plus one heartbeat of the live worker.
+    /// The longest a dead worker's job waits before a live worker starts it: its heartbeat
+    /// missed [`MISSED_HEARTBEATS`] times, plus one heartbeat of the live worker (which puts
+    /// the job back in the queue), plus one poll (which fetches it).
     pub fn takeover_bound(&self) -> Duration {
-        self.heartbeat * (MISSED_HEARTBEATS as u32 + 1)
+        self.heartbeat * (MISSED_HEARTBEATS as u32 + 1) + self.poll_interval
     }
+}
+
+/// apalis's configuration of one SQLite queue: `n` jobs fetched at once, the heartbeat of
+/// [`WorkerConfig::heartbeat`].
+fn sqlite_queue(queue: &str, n: usize, heartbeat: Duration) -> apalis_sqlite::Config {
+    apalis_sqlite::Config::default().queue(queue).batch_size(n).heartbeat_interval(heartbeat).missed_heartbeats(MISSED_HEARTBEATS)
+}
+
+/// apalis's configuration of one PostgreSQL queue: `n` jobs fetched at once, the heartbeat of
+/// [`WorkerConfig::heartbeat`].
+fn postgres_queue(queue: &str, n: usize, heartbeat: Duration) -> apalis_postgres::Config {
+    apalis_postgres::Config::default().queue(queue).batch_size(n).heartbeat_interval(heartbeat).missed_heartbeats(MISSED_HEARTBEATS)
 }
 
 /// The job queue: pushing jobs and reading its state. Used by every role (the API pushes
@@ -210,13 +228,23 @@ pub struct Shared {
     pub files: Option<offshoot_files::Files>,
 }
 
-/// Readies the worker role; to be awaited before the process serves a request. The webhook
-/// relay's outbox cursor is created at the end of the outbox on first use, so a relay that
-/// created it only once [`run`] got to it (late, on a loaded machine) passed over the events
-/// this process's API had committed meanwhile, and their webhooks were never sent. Creating it
-/// here, before the API takes a request, has every event written from then on relayed.
+/// Readies the worker role, once per process start; to be awaited before the process serves a
+/// request and before [`run`]. The webhook relay's outbox cursor is created at the end of the
+/// outbox on first use, so a relay that created it only once [`run`] got to it (late, on a
+/// loaded machine) passed over the events this process's API had committed meanwhile, and their
+/// webhooks were never sent. Creating it here, before the API takes a request, has every event
+/// written from then on relayed.
+///
+/// On SQLite it also takes back the jobs a previous run left fetched or running
+/// ([`queue::Pools::take_back_orphans`]), before this run's workers fetch: a fork whose process
+/// was killed mid-backfill resumes as soon as the restarted process is up, not after the
+/// heartbeat takeover.
 pub async fn prepare(queue: &Queue) -> Result<(), QueueError> {
     queue.store.outbox_cursor(webhooks::CURSOR).await.map_err(|e| e.to_string())?;
+    let taken = queue.pools.take_back_orphans().await?;
+    if taken > 0 {
+        tracing::info!(jobs = taken, "took back the jobs a previous run left running");
+    }
     Ok(())
 }
 
@@ -300,9 +328,7 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
     let (bf_n, wh_n) = (config.backfill.concurrency.max(1), config.webhooks.concurrency.max(1));
     match &shared.pools {
         Pools::Sqlite(pool, wake) => {
-            let cfg = move |queue: &str, n: usize| {
-                apalis_sqlite::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
-            };
+            let cfg = move |queue: &str, n: usize| sqlite_queue(queue, n, hb);
             // A push by this process wakes its worker at once; the interval catches the rest.
             let wake = wake.clone();
             let strategy = move |queue: &'static str| Strategy::new().stream(wake.stream(queue)).interval(poll);
@@ -320,9 +346,7 @@ fn register(monitor: Monitor, shared: &Arc<Shared>, config: &WorkerConfig, insta
             )
         }
         Pools::Postgres(pool) => {
-            let cfg = move |queue: &str, n: usize| {
-                apalis_postgres::Config::default().queue(queue).batch_size(n).heartbeat_interval(hb).missed_heartbeats(MISSED_HEARTBEATS)
-            };
+            let cfg = move |queue: &str, n: usize| postgres_queue(queue, n, hb);
             // LISTEN/NOTIFY wakes an idle worker at once; the interval catches what it missed.
             let listen = pool.clone();
             let strategy = move |queue: &'static str| Strategy::new().stream(Pubsub::new(listen.clone(), queue.to_string())).interval(poll);
@@ -358,6 +382,36 @@ async fn reconcile_loop(shared: Arc<Shared>, every: Duration, stall_after: Durat
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dead worker's forks resume on another worker within 10 s by default.
+    #[test]
+    fn by_default_a_dead_workers_jobs_are_started_elsewhere_within_ten_seconds() {
+        let c = WorkerConfig::default();
+        assert_eq!(c.takeover_bound(), Duration::from_secs(9));
+        assert!(c.takeover_bound() <= Duration::from_secs(10), "{:?}", c.takeover_bound());
+    }
+
+    /// The heartbeat setting is what apalis is given on both engines: the time after which a
+    /// silent worker's jobs are re-queued is the heartbeat × [`MISSED_HEARTBEATS`].
+    #[test]
+    fn the_heartbeat_reaches_apalis_on_both_engines() {
+        for secs in [1, 2, 7] {
+            let c = WorkerConfig { heartbeat: Duration::from_secs(secs), poll_interval: Duration::from_millis(250), ..Default::default() };
+            let (sqlite, postgres) =
+                (sqlite_queue(queue::BACKFILL_QUEUE, 4, c.heartbeat), postgres_queue(queue::BACKFILL_QUEUE, 4, c.heartbeat));
+            assert_eq!(sqlite.heartbeat_interval, c.heartbeat);
+            assert_eq!(postgres.heartbeat_interval, c.heartbeat);
+            let silent_for = c.heartbeat * MISSED_HEARTBEATS as u32;
+            assert_eq!(sqlite.orphaned_duration(), silent_for);
+            assert_eq!(postgres.orphaned_duration(), silent_for);
+            assert_eq!(c.takeover_bound(), silent_for + c.heartbeat + Duration::from_millis(250));
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The apalis side of the worker: typed pools on the application's database, apalis's
 //! migrations, pushing jobs, and the few reads of apalis's tables that apalis has no API for
-//! (live jobs of a queue for the reconciler, counts per state, removing finished jobs).
+//! (live jobs of a queue for the reconciler, counts per state, removing finished jobs, taking
+//! back at start-up the jobs a previous run of the process left running on SQLite).
 
 use crate::jobs::{BackfillJob, DeliveryJob};
 use apalis::prelude::{TaskBuilder, TaskId, TaskSink};
@@ -79,6 +80,16 @@ const REMOVE_FINISHED: EngineSql = EngineSql {
     postgres: "DELETE FROM apalis.jobs WHERE job_type IN ($1, $2) AND status = 'Done' \
                AND done_at < now() - make_interval(secs => $3::float8)",
 };
+
+/// What apalis's table says about a job taken back by [`Pools::take_back_orphans`], in the
+/// form of its own heartbeat re-enqueue (`{"Err": …}`).
+pub const TAKEN_BACK: &str = r#"{"Err": "Taken back at start-up: the process that held it is gone."}"#;
+
+/// The jobs of our queues that a previous run of this process left waiting in a worker's hands
+/// (fetched or running), back to waiting: apalis's own re-enqueue statement (`status`,
+/// `lock_by`, `lock_at`, `done_at`, one more attempt), for every such job whoever holds it.
+const SQLITE_TAKE_BACK: &str = "UPDATE Jobs SET status = 'Pending', done_at = NULL, lock_by = NULL, lock_at = NULL, \
+     attempts = attempts + 1, last_result = $4 WHERE job_type IN ($1, $2, $3) AND status IN ('Running', 'Queued')";
 
 /// Runs `$body` on whichever typed pool `$pools` holds, with `$pool` bound to it and `$sql` to
 /// that engine's text of `$statement`: the body is written once and type-checked against each
@@ -347,6 +358,29 @@ impl Pools {
             }
         }
         Ok(c)
+    }
+
+    /// On SQLite, puts back in the queue every job of ours that is marked fetched or running;
+    /// returns how many. For the start of a worker process only, before its workers fetch: one
+    /// process serves a SQLite file (the crate doc of `offshoot-store`), so any job marked so
+    /// at that moment was held by a worker of a previous run that is gone (killed, crashed),
+    /// and waiting for apalis's heartbeat takeover ([`crate::WorkerConfig::takeover_bound`])
+    /// would leave it idle for nothing. A backfill taken back resumes from its fork's cursor;
+    /// a webhook delivery that was being sent is sent again, with the same `X-Webhook-Id`
+    /// (deliveries are at least once). On PostgreSQL other live processes may hold jobs:
+    /// nothing is done there, and a dead worker's jobs are taken over by heartbeat.
+    pub async fn take_back_orphans(&self) -> Result<u64, QueueError> {
+        match self {
+            Pools::Sqlite(pool, _) => Ok(sqlx::query(SQLITE_TAKE_BACK)
+                .bind(BACKFILL_QUEUE)
+                .bind(WEBHOOK_QUEUE)
+                .bind(crate::files::FILES_QUEUE)
+                .bind(TAKEN_BACK)
+                .execute(pool)
+                .await?
+                .rows_affected()),
+            Pools::Postgres(_) => Ok(0),
+        }
     }
 
     /// Removes our queues' jobs that finished more than an hour ago.

@@ -518,6 +518,29 @@ mod tests {
         });
     }
 
+    /// A dead worker's jobs are started elsewhere within 10 s by default; the heartbeat
+    /// setting, from the file or the environment, moves that bound.
+    #[test]
+    fn the_worker_takeover_is_under_ten_seconds_by_default_and_follows_the_heartbeat_setting() {
+        Jail::expect_with(|jail| {
+            let c = Config::load(None, Settings::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.worker_config().heartbeat, Duration::from_secs(2));
+            assert!(c.worker_config().takeover_bound() <= Duration::from_secs(10), "{:?}", c.worker_config().takeover_bound());
+            jail.create_file("offshoot.env", "OFFSHOOT_WORKER_HEARTBEAT_SECS=30\n")?;
+            let c = Config::load(Some(Path::new("offshoot.env")), Settings::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.worker_config().heartbeat, Duration::from_secs(30), "from the file");
+            assert_eq!(c.worker_config().takeover_bound(), Duration::from_secs(30 * 4 + 1));
+            jail.set_env("OFFSHOOT_WORKER_HEARTBEAT_SECS", "1");
+            jail.set_env("OFFSHOOT_WORKER_POLL_MS", "500");
+            let c = Config::load(Some(Path::new("offshoot.env")), Settings::default()).map_err(|e| e.to_string())?;
+            assert_eq!(c.worker_config().heartbeat, Duration::from_secs(1), "the environment wins over the file");
+            assert_eq!(c.worker_config().takeover_bound(), Duration::from_millis(4_500));
+            jail.set_env("OFFSHOOT_WORKER_HEARTBEAT_SECS", "0");
+            assert!(Config::load(None, Settings::default()).is_err(), "a heartbeat of 0 is refused");
+            Ok(())
+        });
+    }
+
     #[test]
     fn the_secret_is_redacted_when_the_config_is_logged() {
         let c = Config {
