@@ -33,6 +33,7 @@
 //! with its back-off, and the task goes back to probing.
 
 pub use crate::jobs::DeliveryJob;
+use crate::queue::WaitingDelivery;
 use crate::queue::{ulid_of, QueueError};
 use crate::record::{self, Attempt};
 use crate::Shared;
@@ -45,7 +46,6 @@ use offshoot_core::time;
 use offshoot_store::{DeadLetterRecord, Store};
 use secrecy::ExposeSecret;
 use sha2::Sha256;
-use crate::queue::WaitingDelivery;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -742,7 +742,6 @@ impl Circuits {
     fn tally(&self, url: &str) -> Tally {
         self.tallies.lock().expect("tallies").get(url).copied().unwrap_or_default()
     }
-
 }
 
 /// `d` plus up to a quarter more, at least one second (apalis schedules in whole seconds).
