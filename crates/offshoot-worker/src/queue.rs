@@ -482,6 +482,10 @@ const STILL_LIVE: EngineSql = EngineSql {
                AND status IN ('Pending', 'Queued', 'Running')",
 };
 
+/// A row of [`WAITING_DELIVERIES`]: job id, URL, delivery id, seq (none when a job's JSON
+/// lacks them).
+type WaitingRow = (String, Option<String>, Option<String>, Option<i64>);
+
 /// The job ids as each engine's statement takes a list: a JSON array on SQLite, comma-separated
 /// on PostgreSQL (ULIDs have no comma).
 fn id_list(pools: &Pools, ids: &[String]) -> String {
@@ -495,7 +499,7 @@ impl Pools {
     /// The webhook deliveries waiting for a later attempt (of `url`, or of every endpoint),
     /// oldest event first.
     pub async fn waiting_deliveries(&self, url: Option<&str>) -> Result<Vec<WaitingDelivery>, QueueError> {
-        let rows: Vec<(String, Option<String>, Option<String>, Option<i64>)> =
+        let rows: Vec<WaitingRow> =
             on_pool!(self, WAITING_DELIVERIES, |pool, sql| sqlx::query_as(sql).bind(WEBHOOK_QUEUE).bind(url).fetch_all(pool).await?);
         Ok(rows
             .into_iter()
