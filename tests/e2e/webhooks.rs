@@ -431,6 +431,147 @@ async fn a_receiver_down_for_a_long_outage_receives_every_event_once_it_is_back(
     assert_eq!(dead["dead_letters"], json!([]), "nothing was given up: {dead}");
 }
 
+/// Long back-offs (each delivery waits at least 150 s after a failure), quick probes of a
+/// failing endpoint, and at most `RELEASED_AT_ONCE` released deliveries in flight per endpoint.
+fn slow_backoff(c: &mut offshoot::Config) {
+    c.worker.webhooks.backoff_base = std::time::Duration::from_secs(300);
+    c.worker.webhooks.backoff_max = std::time::Duration::from_secs(600);
+    c.worker.webhooks.circuit_threshold = 3;
+    c.worker.webhooks.probe_interval = std::time::Duration::from_millis(500);
+    c.worker.webhooks.release_concurrency = RELEASED_AT_ONCE;
+}
+
+const RELEASED_AT_ONCE: usize = 4;
+/// Far below the shortest back-off of [`slow_backoff`] (150 s): a delivery within it was
+/// released when the receiver came back, not retried at the end of its back-off.
+const CATCH_UP_BOUND: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits (bounded) until the webhook queue holds `n` deliveries waiting for a later attempt.
+async fn wait_waiting_deliveries(app: &Client, n: usize) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let counts = app.get("/jobs", &app.server()).await.ok();
+        let q = counts["queues"].as_array().and_then(|qs| qs.iter().find(|q| q["queue"] == json!("offshoot.webhook"))).cloned();
+        if q.is_some_and(|q| q["retrying"] == json!(n)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not {n} deliveries waiting after {WAIT:?}: {counts}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Collects what `receiver` gets until every message of `sent` has arrived, within
+/// [`CATCH_UP_BOUND`] of `back`.
+async fn catch_up_log(receiver: &mut Receiver2, sent: &[String], back: Instant) -> Vec<Hook> {
+    let mut log: Vec<Hook> = Vec::new();
+    let deadline = back + CATCH_UP_BOUND;
+    loop {
+        let missing: Vec<&String> = sent.iter().filter(|m| !log.iter().any(|h| is_message_new(m)(h))).collect();
+        if missing.is_empty() {
+            return log;
+        }
+        match tokio::time::timeout_at(deadline, receiver.rx.recv()).await {
+            Ok(Some(hook)) => log.push(hook),
+            _ => panic!("not delivered within {CATCH_UP_BOUND:?} of the receiver's return: {missing:?}"),
+        }
+    }
+}
+
+/// Each message of `sent` arrived once, under one `X-Webhook-Id`, and nothing else did.
+fn assert_each_once(log: &[Hook], sent: &[String]) {
+    let ids: Vec<&str> = log.iter().map(|h| h.header("x-webhook-id")).collect();
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len(), "a delivery arrived twice: {ids:?}");
+    let messages: Vec<&str> = log.iter().filter_map(|h| h.body["message"]["id"].as_str()).collect();
+    assert_eq!(messages.len(), log.len(), "only message.new is hooked: {log:?}");
+    let mut sorted = messages.clone();
+    sorted.sort_unstable();
+    let mut expected: Vec<&str> = sent.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(sorted, expected, "each message once");
+}
+
+/// A receiver that was down while deliveries piled up behind long back-offs gets all of them
+/// soon after it is back: a probe finds it answering and its waiting deliveries are released,
+/// oldest event first with a few in flight at a time (so the one released p-th arrives after
+/// at least p - RELEASED_AT_ONCE + 1 others), each once.
+#[tokio::test]
+async fn a_receiver_back_from_an_outage_gets_its_waiting_deliveries_at_once_oldest_first_and_each_once() {
+    let app = TestApp::spawn_with(slow_backoff).await;
+    let (port, url) = closed_port();
+    let hooks = json!([{"hook_type": "webhook", "enabled": true, "webhook_url": url, "event_types": ["message.new"]}]);
+    app.patch("/app", &app.server(), json!({"event_hooks": hooks})).await.ok();
+    app.users(&["u1"]).await;
+    let cid = "agent:catch-up";
+    app.channel(cid, "u1", &["u1"]).await;
+    let mut sent = Vec::new();
+    for i in 0..30 {
+        sent.push(app.say(cid, "u1", &format!("while the receiver is down {i}")).await);
+    }
+    // Every delivery has failed or met the open circuit, and waits minutes for its next attempt.
+    wait_waiting_deliveries(&app, sent.len()).await;
+
+    let mut receiver = switchable_on(listen_on(port).await, 200, None);
+    let back = Instant::now();
+    let mut log = catch_up_log(&mut receiver, &sent, back).await;
+    wait_webhook_queue_idle(&app).await;
+    while let Ok(h) = receiver.rx.try_recv() {
+        log.push(h);
+    }
+    assert_each_once(&log, &sent);
+    for (arrived, hook) in log.iter().enumerate() {
+        let released = sent.iter().position(|m| is_message_new(m)(hook)).expect("a message sent");
+        assert!(
+            released < arrived + RELEASED_AT_ONCE,
+            "the message sent {released}th arrived {arrived}th: released oldest first, at most {RELEASED_AT_ONCE} at a time"
+        );
+    }
+    let dead = app.get("/webhooks/dead_letters", &app.server()).await.ok();
+    assert_eq!(dead["dead_letters"], json!([]), "nothing was given up: {dead}");
+}
+
+/// The same catch-up with two worker processes on PostgreSQL, one of them SIGKILLed during the
+/// outage and a third started in its place: whichever processes see the endpoint answer release
+/// its deliveries, and each still arrives once.
+#[tokio::test]
+#[ignore = "PostgreSQL only: runs with OFFSHOOT_TEST_BACKEND=postgres and --include-ignored"]
+async fn worker_processes_catch_up_with_a_receiver_back_from_an_outage_each_delivery_once() {
+    require_postgres("several worker processes on one database");
+    let db = TestDb::create().await;
+    let api = ServerProcess::start(&db, &[("OFFSHOOT_ROLES", "api")]).await;
+    let (port, url) = closed_port();
+    let hooks = json!([{"hook_type": "webhook", "enabled": true, "webhook_url": url, "event_types": ["message.new"]}]);
+    api.patch("/app", &api.server(), json!({"event_hooks": hooks})).await.ok();
+    api.users(&["u1"]).await;
+    let cid = "agent:catch-up-workers";
+    api.channel(cid, "u1", &["u1"]).await;
+    let worker_env = [
+        ("OFFSHOOT_ROLES", "worker"),
+        ("OFFSHOOT_WEBHOOK_BACKOFF_BASE_MS", "300000"),
+        ("OFFSHOOT_WEBHOOK_BACKOFF_MAX_SECS", "600"),
+        ("OFFSHOOT_WEBHOOK_CIRCUIT_THRESHOLD", "3"),
+        ("OFFSHOOT_WEBHOOK_PROBE_INTERVAL_MS", "500"),
+        ("OFFSHOOT_WEBHOOK_RELEASE_CONCURRENCY", "4"),
+    ];
+    let mut first = ServerProcess::start(&db, &worker_env).await;
+    let _second = ServerProcess::start(&db, &worker_env).await;
+    let mut sent = Vec::new();
+    for i in 0..30 {
+        sent.push(api.say(cid, "u1", &format!("while the receiver is down {i}")).await);
+    }
+    wait_waiting_deliveries(&api, sent.len()).await;
+    first.kill();
+    let _third = ServerProcess::start(&db, &worker_env).await;
+
+    let mut receiver = switchable_on(listen_on(port).await, 200, None);
+    let back = Instant::now();
+    let mut log = catch_up_log(&mut receiver, &sent, back).await;
+    wait_webhook_queue_idle(&api).await;
+    while let Ok(h) = receiver.rx.try_recv() {
+        log.push(h);
+    }
+    assert_each_once(&log, &sent);
+}
+
 #[tokio::test]
 async fn a_delivery_failing_past_its_retry_window_is_dead_lettered_and_a_replay_sends_it_with_the_same_webhook_id() {
     let app = TestApp::spawn_with(|c| {

@@ -38,4 +38,8 @@ pub struct DeliveryJob {
     /// Why the previous attempt failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Made due early because its endpoint answers again (`webhooks.rs`, "Catching up"): the
+    /// endpoint's circuit does not hold it back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
 }

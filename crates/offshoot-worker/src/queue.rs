@@ -472,3 +472,103 @@ mod tests {
         assert_eq!(stream.poll_next_unpin(&mut cx), Poll::Pending, "each push is taken once");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Releasing waiting webhook deliveries (webhooks.rs, "Catching up")
+
+/// A webhook delivery waiting in the queue for a later attempt (a back-off, or an open
+/// circuit): its apalis job id, endpoint, `X-Webhook-Id` and event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingDelivery {
+    pub job_id: String,
+    pub url: String,
+    pub delivery_id: String,
+    pub seq: i64,
+}
+
+const WAITING_DELIVERIES: EngineSql = EngineSql {
+    sqlite: "SELECT id, url, delivery_id, seq FROM (SELECT id, json_extract(CAST(job AS TEXT), '$.url') AS url, \
+             json_extract(CAST(job AS TEXT), '$.id') AS delivery_id, CAST(json_extract(CAST(job AS TEXT), '$.seq') AS INTEGER) AS seq \
+             FROM Jobs WHERE job_type = $1 AND status = 'Pending' AND run_at > CAST(strftime('%s', 'now') AS INTEGER)) \
+             WHERE $2 IS NULL OR url = $2 ORDER BY seq, id",
+    postgres: "SELECT id, j->>'url', j->>'id', (j->>'seq')::bigint FROM (SELECT id, convert_from(job, 'UTF8')::json AS j \
+               FROM apalis.jobs WHERE job_type = $1 AND status = 'Pending' AND run_at > now()) w \
+               WHERE $2::text IS NULL OR j->>'url' = $2 ORDER BY 4, 1",
+};
+
+/// Makes waiting jobs due now and marks them `released` (a delivery the endpoint's circuit does
+/// not hold back). Only jobs still waiting: one a worker took meanwhile is not touched, so a
+/// job is never run twice (apalis's fetch locks what it takes).
+const RELEASE: EngineSql = EngineSql {
+    sqlite: "UPDATE Jobs SET run_at = CAST(strftime('%s', 'now') AS INTEGER) - 1, \
+             job = CAST(json_set(CAST(job AS TEXT), '$.released', json('true')) AS BLOB) \
+             WHERE job_type = $1 AND id IN (SELECT value FROM json_each($2)) AND status = 'Pending' \
+             AND run_at > CAST(strftime('%s', 'now') AS INTEGER) RETURNING id",
+    postgres: "UPDATE apalis.jobs SET run_at = now() - interval '1 second', \
+               job = convert_to(jsonb_set(convert_from(job, 'UTF8')::jsonb, '{released}', 'true')::text, 'UTF8') \
+               WHERE job_type = $1 AND id = ANY(string_to_array($2, ',')) AND status = 'Pending' AND run_at > now() RETURNING id",
+};
+
+const STILL_LIVE: EngineSql = EngineSql {
+    sqlite: "SELECT id FROM Jobs WHERE job_type = $1 AND id IN (SELECT value FROM json_each($2)) \
+             AND status IN ('Pending', 'Queued', 'Running')",
+    postgres: "SELECT id FROM apalis.jobs WHERE job_type = $1 AND id = ANY(string_to_array($2, ',')) \
+               AND status IN ('Pending', 'Queued', 'Running')",
+};
+
+/// A row of [`WAITING_DELIVERIES`]: job id, URL, delivery id, seq (none when a job's JSON
+/// lacks them).
+type WaitingRow = (String, Option<String>, Option<String>, Option<i64>);
+
+/// The job ids as each engine's statement takes a list: a JSON array on SQLite, comma-separated
+/// on PostgreSQL (ULIDs have no comma).
+fn id_list(pools: &Pools, ids: &[String]) -> String {
+    match pools {
+        Pools::Sqlite(..) => serde_json::to_string(ids).unwrap_or_default(),
+        Pools::Postgres(_) => ids.join(","),
+    }
+}
+
+impl Pools {
+    /// The webhook deliveries waiting for a later attempt (of `url`, or of every endpoint),
+    /// oldest event first.
+    pub async fn waiting_deliveries(&self, url: Option<&str>) -> Result<Vec<WaitingDelivery>, QueueError> {
+        let rows: Vec<WaitingRow> =
+            on_pool!(self, WAITING_DELIVERIES, |pool, sql| sqlx::query_as(sql).bind(WEBHOOK_QUEUE).bind(url).fetch_all(pool).await?);
+        Ok(rows
+            .into_iter()
+            .filter_map(|(job_id, url, delivery_id, seq)| Some(WaitingDelivery { job_id, url: url?, delivery_id: delivery_id?, seq: seq? }))
+            .collect())
+    }
+
+    /// Makes these waiting deliveries due now and wakes the workers; returns the ids of those
+    /// released (a job no longer waiting is left alone).
+    pub async fn release_deliveries(&self, job_ids: &[String]) -> Result<Vec<String>, QueueError> {
+        if job_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = id_list(self, job_ids);
+        let released: Vec<String> =
+            on_pool!(self, RELEASE, |pool, sql| sqlx::query_scalar(sql).bind(WEBHOOK_QUEUE).bind(&ids).fetch_all(pool).await?);
+        if let Some(first) = released.first() {
+            match self {
+                Pools::Sqlite(_, wake) => wake.pushed(WEBHOOK_QUEUE),
+                // apalis's trigger notifies inserts only: say it for the update.
+                Pools::Postgres(pool) => {
+                    let payload = serde_json::json!({"job_type": WEBHOOK_QUEUE, "id": first}).to_string();
+                    sqlx::query("SELECT pg_notify('apalis::job::insert', $1)").bind(payload).execute(pool).await?;
+                }
+            }
+        }
+        Ok(released)
+    }
+
+    /// Which of these webhook jobs are still waiting or running.
+    pub async fn live_deliveries(&self, job_ids: &[String]) -> Result<Vec<String>, QueueError> {
+        if job_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = id_list(self, job_ids);
+        Ok(on_pool!(self, STILL_LIVE, |pool, sql| sqlx::query_scalar(sql).bind(WEBHOOK_QUEUE).bind(&ids).fetch_all(pool).await?))
+    }
+}

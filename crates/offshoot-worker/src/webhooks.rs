@@ -16,11 +16,24 @@
 //! an admin (`GET /webhooks/dead_letters`, `POST /webhooks/dead_letters/replay`, or the CLI).
 //!
 //! Per endpoint, a circuit opens after [`WebhookPolicy::circuit_threshold`] failures in a row:
-//! while it is open that endpoint's deliveries wait (pushed again for when it closes) without
-//! spending an attempt; when it half-opens one delivery probes, and a success closes it. The
+//! while it is open that endpoint's deliveries wait (pushed again for when it closes, or for
+//! the end of their own back-off if that is later) without spending an attempt; when it half-opens one delivery probes, and a success closes it. The
 //! circuit is kept per worker process. Other endpoints are never held back.
+//!
+//! Catching up: a delivery waiting out a long back-off would reach a receiver minutes after it
+//! is back. So when an endpoint's circuit opens (and at start-up, for every endpoint with
+//! deliveries waiting in the queue) a task of this process probes it every
+//! [`WebhookPolicy::probe_interval`] by making its oldest waiting delivery due at once; and as
+//! soon as the endpoint answers (that probe, or any delivery to it, succeeds) the task releases
+//! its waiting deliveries oldest event first, at most [`WebhookPolicy::release_concurrency`]
+//! in flight, the next as each ends. Releasing is one `UPDATE` of apalis's table that makes
+//! still-waiting jobs due and marks them `released` (an open circuit anywhere lets them
+//! through); a job a worker took meanwhile is not touched, and apalis's fetch locks what it
+//! takes, so each delivery still runs once. A released delivery that fails again is retried
+//! with its back-off, and the task goes back to probing.
 
 pub use crate::jobs::DeliveryJob;
+use crate::queue::WaitingDelivery;
 use crate::queue::{ulid_of, QueueError};
 use crate::record::{self, Attempt};
 use crate::Shared;
@@ -33,7 +46,7 @@ use offshoot_core::time;
 use offshoot_store::{DeadLetterRecord, Store};
 use secrecy::ExposeSecret;
 use sha2::Sha256;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -58,6 +71,10 @@ pub struct WebhookPolicy {
     pub circuit_threshold: u32,
     /// Deliveries in flight at once per worker process.
     pub concurrency: usize,
+    /// While an endpoint fails, how often its oldest waiting delivery is tried early.
+    pub probe_interval: Duration,
+    /// Released deliveries in flight at once per endpoint and worker process, once it answers.
+    pub release_concurrency: usize,
 }
 
 impl Default for WebhookPolicy {
@@ -69,6 +86,8 @@ impl Default for WebhookPolicy {
             attempt_timeout: Duration::from_secs(6),
             circuit_threshold: 5,
             concurrency: 16,
+            probe_interval: Duration::from_secs(5),
+            release_concurrency: 8,
         }
     }
 }
@@ -85,6 +104,7 @@ pub fn delivery_id(seq: i64, url: &str) -> uuid::Uuid {
 pub async fn relay(shared: Arc<Shared>, shutdown: CancellationToken) {
     let mut cursor = Cursor::default();
     tracing::info!("webhook queueing started");
+    resume_catch_up(&shared).await;
     let mut outbox = shared.store.follow_outbox("webhook queueing");
     while outbox.next(shutdown.cancelled()).await {
         outbox.read(queue_new(&shared, &mut cursor).await);
@@ -216,6 +236,7 @@ async fn delivery_jobs(
                 attempt: 1,
                 window_start: now,
                 last_error: None,
+                released: false,
             };
             jobs.push((job, ulid_of(id), Duration::ZERO));
         }
@@ -330,8 +351,14 @@ pub async fn run_job(job: DeliveryJob, shared: Data<Arc<Shared>>) -> Result<(), 
 async fn run(job: DeliveryJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
     let policy = &shared.webhooks;
     let deadline = job.window_start + policy.retry_window.as_nanos() as i64;
-    if let Admit::Wait(wait) = shared.circuits.admit(&job.url, policy) {
-        // Not an attempt: wait for the circuit, unless the window ends first.
+    let admit = match job.released {
+        true => Admit::Go,
+        false => shared.circuits.admit(&job.url, policy),
+    };
+    if let Admit::Wait(wait) = admit {
+        // Not an attempt: wait for the circuit, unless the window ends first. Its own back-off
+        // at least: the endpoint's catch-up releases it as soon as the endpoint answers.
+        let wait = wait.max(offshoot_store::backoff(policy.backoff_base, policy.backoff_max, job.attempt));
         if time::now() + wait.as_nanos() as i64 > deadline {
             let reason = format!(
                 "{}; the endpoint kept failing until the end of the retry window",
@@ -340,11 +367,15 @@ async fn run(job: DeliveryJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
             return dead_letter(&shared, &job, job.attempt.saturating_sub(1), &reason).await;
         }
         tracing::debug!(delivery = %job.id, url = %job.url, wait_s = wait.as_secs(), "endpoint circuit open; delivery waits");
+        start_catch_up(&shared, &job.url, false);
         shared.pools.push_deliveries(vec![(job.clone(), ulid::Ulid::generate(), wait)]).await?;
         return Ok(());
     }
     let outcome = post(&shared, &job).await;
-    shared.circuits.record(&job.url, !matches!(outcome, Outcome::Retry(_)), policy);
+    let answered = !matches!(outcome, Outcome::Retry(_));
+    if shared.circuits.record(&job.url, answered, policy) {
+        start_catch_up(&shared, &job.url, answered);
+    }
     match outcome {
         Outcome::Delivered => {
             record::webhook_attempt(Attempt::Delivered);
@@ -365,7 +396,7 @@ async fn run(job: DeliveryJob, shared: Arc<Shared>) -> Result<(), BoxDynError> {
             }
             tracing::info!(delivery = %job.id, url = %job.url, attempt = job.attempt, retry_in_s = delay.as_secs(), %reason, "webhook attempt failed; retrying");
             record::webhook_attempt(Attempt::Retried);
-            let next = DeliveryJob { attempt: job.attempt + 1, last_error: Some(reason), ..job };
+            let next = DeliveryJob { attempt: job.attempt + 1, last_error: Some(reason), released: false, ..job };
             shared.pools.push_deliveries(vec![(next, ulid::Ulid::generate(), delay)]).await?;
             Ok(())
         }
@@ -426,6 +457,7 @@ pub async fn replay(pools: &crate::queue::Pools, store: &Store, records: Vec<Dea
                     attempt: r.letter.attempts as u32 + 1,
                     window_start: now,
                     last_error: None,
+                    released: false,
                 };
                 (job, ulid::Ulid::generate(), Duration::ZERO)
             })
@@ -435,6 +467,191 @@ pub async fn replay(pools: &crate::queue::Pools, store: &Store, records: Vec<Dea
         n += store.delete_dead_letters(&ids).await.map_err(|e| e.to_string())?;
     }
     Ok(n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Catching up
+
+/// Starts catching up with every endpoint that has deliveries waiting in the queue (left by an
+/// earlier process, or by another worker process).
+async fn resume_catch_up(shared: &Arc<Shared>) {
+    match shared.pools.waiting_deliveries(None).await {
+        Ok(waiting) => {
+            let urls: HashSet<String> = waiting.into_iter().map(|w| w.url).collect();
+            for url in urls {
+                start_catch_up(shared, &url, false);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the waiting webhook deliveries failed; they wait out their back-off"),
+    }
+}
+
+/// Starts this process's catch-up task for `url`, unless it runs already: releasing its
+/// waiting deliveries at once when it has just `answered`, else probing it first.
+fn start_catch_up(shared: &Arc<Shared>, url: &str, answered: bool) {
+    if !shared.circuits.catching_up.lock().expect("catching up").insert(url.to_string()) {
+        return;
+    }
+    let (shared, url) = (Arc::clone(shared), url.to_string());
+    tokio::spawn(async move {
+        if let Err(e) = catch_up(&shared, &url, answered).await {
+            tracing::warn!(%url, error = %e, "catching up with a webhook endpoint failed; its deliveries wait out their back-off");
+        }
+        shared.circuits.catching_up.lock().expect("catching up").remove(&url);
+    });
+}
+
+/// How a catch-up's probe or release ended.
+enum Step {
+    /// The endpoint answers: release what waits (as read).
+    Answers(Vec<WaitingDelivery>),
+    /// A released delivery failed: probe again.
+    FailsAgain,
+    /// Nothing waits any more, or the process stops.
+    Over,
+}
+
+/// Probes `url` until it answers, then releases its waiting deliveries; again while releases
+/// meet failures; ends when nothing waits.
+async fn catch_up(shared: &Arc<Shared>, url: &str, mut answered: bool) -> Result<(), QueueError> {
+    loop {
+        let step = match std::mem::take(&mut answered) {
+            true => Step::Answers(shared.pools.waiting_deliveries(Some(url)).await?),
+            false => probe(shared, url).await?,
+        };
+        let waiting = match step {
+            Step::Answers(waiting) => waiting,
+            Step::FailsAgain => continue,
+            Step::Over => return Ok(()),
+        };
+        match release(shared, url, waiting).await? {
+            Step::FailsAgain => {
+                tracing::info!(%url, "a released webhook delivery failed; probing the endpoint again");
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Sleeps `d`, or less when the process stops (then false).
+async fn pause(shared: &Shared, d: Duration) -> bool {
+    tokio::select! {
+        _ = shared.shutdown.cancelled() => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Every probe interval, makes the oldest delivery waiting for `url` due at once, until such
+/// a probe, or any other delivery to it from this process, succeeds.
+async fn probe(shared: &Arc<Shared>, url: &str) -> Result<Step, QueueError> {
+    let policy = &shared.webhooks;
+    loop {
+        let answered = shared.circuits.tally(url).ok;
+        let wait = shared.circuits.answered.notified();
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return Ok(Step::Over),
+            _ = wait => {}
+            _ = tokio::time::sleep(policy.probe_interval) => {}
+        }
+        let waiting = shared.pools.waiting_deliveries(Some(url)).await?;
+        if shared.circuits.tally(url).ok > answered {
+            tracing::info!(%url, waiting = waiting.len(), "webhook endpoint answers again; releasing its waiting deliveries");
+            return Ok(Step::Answers(waiting));
+        }
+        let Some(oldest) = waiting.first().cloned() else { return Ok(Step::Over) };
+        let released = shared.pools.release_deliveries(std::slice::from_ref(&oldest.job_id)).await?;
+        if released.is_empty() {
+            continue;
+        }
+        tracing::debug!(%url, delivery = %oldest.delivery_id, "probing a failing webhook endpoint with its oldest waiting delivery");
+        if !wait_ended(shared, &released).await? {
+            return Ok(Step::Over);
+        }
+        // A failed probe waits again (its retry); one that is no longer waiting was answered.
+        let waiting = shared.pools.waiting_deliveries(Some(url)).await?;
+        if !waiting.iter().any(|w| w.delivery_id == oldest.delivery_id) {
+            tracing::info!(%url, waiting = waiting.len(), "webhook endpoint answers again; releasing its waiting deliveries");
+            return Ok(Step::Answers(waiting));
+        }
+    }
+}
+
+/// Waits until these released jobs have run (bounded: a job whose worker died is taken over
+/// by another only after a while). False when the process stops.
+async fn wait_ended(shared: &Shared, jobs: &[String]) -> Result<bool, QueueError> {
+    let bound = tokio::time::Instant::now() + stall_bound(&shared.webhooks);
+    let mut live = jobs.to_vec();
+    while !live.is_empty() && tokio::time::Instant::now() < bound {
+        if !pause(shared, POLL).await {
+            return Ok(false);
+        }
+        live = shared.pools.live_deliveries(&live).await?;
+    }
+    Ok(true)
+}
+
+/// How often a catch-up looks whether its released deliveries have run.
+const POLL: Duration = Duration::from_millis(25);
+
+/// How long released deliveries may go without one ending before a catch-up stops counting
+/// them as in flight.
+fn stall_bound(policy: &WebhookPolicy) -> Duration {
+    policy.attempt_timeout * 2 + Duration::from_secs(10)
+}
+
+/// Releases the deliveries waiting for `url`, oldest event first, at most
+/// [`WebhookPolicy::release_concurrency`] in flight; reads again when they are through, for
+/// deliveries that started waiting meanwhile. Each delivery is released once: when one is
+/// waiting again, or an attempt at `url` failed in this process, the endpoint fails again.
+async fn release(shared: &Arc<Shared>, url: &str, waiting: Vec<WaitingDelivery>) -> Result<Step, QueueError> {
+    let policy = &shared.webhooks;
+    let limit = policy.release_concurrency.max(1);
+    let failures = shared.circuits.tally(url).failed;
+    let mut next: VecDeque<WaitingDelivery> = waiting.into();
+    let mut released: HashSet<String> = HashSet::new();
+    let mut in_flight: Vec<String> = Vec::new();
+    let mut progress = tokio::time::Instant::now();
+    loop {
+        if shared.circuits.tally(url).failed > failures {
+            return Ok(Step::FailsAgain);
+        }
+        let mut batch = Vec::new();
+        while in_flight.len() + batch.len() < limit {
+            let Some(w) = next.pop_front() else { break };
+            if released.insert(w.delivery_id) {
+                batch.push(w.job_id);
+            }
+        }
+        in_flight.extend(shared.pools.release_deliveries(&batch).await?);
+        if in_flight.is_empty() {
+            if !next.is_empty() {
+                continue;
+            }
+            let again = shared.pools.waiting_deliveries(Some(url)).await?;
+            if again.iter().any(|w| released.contains(&w.delivery_id)) {
+                return Ok(Step::FailsAgain);
+            }
+            if again.is_empty() {
+                tracing::info!(%url, released = released.len(), "webhook endpoint caught up");
+                return Ok(Step::Over);
+            }
+            next = again.into();
+            continue;
+        }
+        if !pause(shared, POLL).await {
+            return Ok(Step::Over);
+        }
+        let live = shared.pools.live_deliveries(&in_flight).await?;
+        if live.len() < in_flight.len() {
+            progress = tokio::time::Instant::now();
+        } else if progress.elapsed() > stall_bound(policy) {
+            tracing::warn!(%url, stuck = live.len(), "released webhook deliveries have not run for a while; releasing the next");
+            in_flight.clear();
+            progress = tokio::time::Instant::now();
+            continue;
+        }
+        in_flight = live;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -452,13 +669,27 @@ struct Circuit {
     probing: bool,
 }
 
-/// Per-endpoint circuits of this process.
+/// Per-endpoint circuits of this process, the endpoints it is catching up with, and the
+/// outcomes of attempts per endpoint (which a catch-up watches).
 #[derive(Debug, Default)]
-pub struct Circuits(Mutex<HashMap<String, Circuit>>);
+pub struct Circuits {
+    circuits: Mutex<HashMap<String, Circuit>>,
+    catching_up: Mutex<HashSet<String>>,
+    tallies: Mutex<HashMap<String, Tally>>,
+    /// Notified when an endpoint answers after failing.
+    answered: tokio::sync::Notify,
+}
+
+/// Attempts at one endpoint in this process so far.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    ok: u64,
+    failed: u64,
+}
 
 impl Circuits {
     fn admit(&self, url: &str, policy: &WebhookPolicy) -> Admit {
-        let mut map = self.0.lock().expect("circuits");
+        let mut map = self.circuits.lock().expect("circuits");
         let Some(c) = map.get_mut(url) else { return Admit::Go };
         let Some(until) = c.open_until else { return Admit::Go };
         let now = Instant::now();
@@ -473,24 +704,43 @@ impl Circuits {
         Admit::Go
     }
 
-    fn record(&self, url: &str, ok: bool, policy: &WebhookPolicy) {
-        let mut map = self.0.lock().expect("circuits");
+    /// Records an attempt's outcome. True when the endpoint should be caught up with: its
+    /// circuit has just opened, or it answers after failing.
+    fn record(&self, url: &str, ok: bool, policy: &WebhookPolicy) -> bool {
+        {
+            let mut tallies = self.tallies.lock().expect("tallies");
+            let tally = tallies.entry(url.to_string()).or_default();
+            match ok {
+                true => tally.ok += 1,
+                false => tally.failed += 1,
+            }
+        }
+        let mut map = self.circuits.lock().expect("circuits");
         if ok {
-            if map.remove(url).is_some_and(|c| c.open_until.is_some()) {
+            let Some(c) = map.remove(url) else { return false };
+            if c.open_until.is_some() {
                 tracing::info!(%url, "webhook endpoint answers again; circuit closed");
             }
-            return;
+            self.answered.notify_waiters();
+            return true;
         }
         let c = map.entry(url.to_string()).or_default();
         c.failures += 1;
         c.probing = false;
         if c.failures >= policy.circuit_threshold {
             let open_for = offshoot_store::backoff(policy.backoff_base, policy.backoff_max, c.failures - policy.circuit_threshold + 1);
-            if c.open_until.is_none() {
+            let opened = c.open_until.is_none();
+            if opened {
                 tracing::warn!(%url, failures = c.failures, "webhook endpoint keeps failing; circuit open");
             }
             c.open_until = Some(Instant::now() + open_for);
+            return opened;
         }
+        false
+    }
+
+    fn tally(&self, url: &str) -> Tally {
+        self.tallies.lock().expect("tallies").get(url).copied().unwrap_or_default()
     }
 }
 
@@ -560,15 +810,17 @@ mod tests {
         let policy = WebhookPolicy { circuit_threshold: 3, backoff_base: Duration::from_millis(1), ..Default::default() };
         let c = Circuits::default();
         for _ in 0..2 {
-            c.record("http://x/", false, &policy);
+            assert!(!c.record("http://x/", false, &policy), "below the threshold no catch-up starts");
             assert!(matches!(c.admit("http://x/", &policy), Admit::Go), "below the threshold every delivery goes");
         }
-        c.record("http://x/", false, &policy);
+        assert!(c.record("http://x/", false, &policy), "the circuit opening calls for catching up");
         assert!(matches!(c.admit("http://y/", &policy), Admit::Go), "other endpoints are not held back");
         std::thread::sleep(Duration::from_millis(5));
         assert!(matches!(c.admit("http://x/", &policy), Admit::Go), "after the open period one probe goes");
         assert!(matches!(c.admit("http://x/", &policy), Admit::Wait(_)), "while it probes the others wait");
-        c.record("http://x/", true, &policy);
+        assert!(c.record("http://x/", true, &policy), "a success after failures calls for catching up");
         assert!(matches!(c.admit("http://x/", &policy), Admit::Go), "a success closes the circuit");
+        assert!(!c.record("http://x/", true, &policy), "a success after successes does not");
+        assert_eq!((c.tally("http://x/").ok, c.tally("http://x/").failed), (2, 3));
     }
 }

@@ -226,6 +226,10 @@ pub struct Settings {
     pub webhook_timeout_ms: Option<u64>,
     #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
     pub webhook_circuit_threshold: Option<u32>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub webhook_probe_interval_ms: Option<u64>,
+    #[serde(default, deserialize_with = "number", skip_serializing_if = "Option::is_none")]
+    pub webhook_release_concurrency: Option<usize>,
     #[serde(default, deserialize_with = "text", skip_serializing_if = "Option::is_none")]
     pub log_format: Option<String>,
     #[serde(default, deserialize_with = "text", skip_serializing_if = "Option::is_none")]
@@ -376,6 +380,14 @@ impl Config {
         if let Some(v) = s.webhook_circuit_threshold {
             anyhow::ensure!(v > 0, "OFFSHOOT_WEBHOOK_CIRCUIT_THRESHOLD must be positive");
             w.webhooks.circuit_threshold = v;
+        }
+        if let Some(v) = s.webhook_probe_interval_ms {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WEBHOOK_PROBE_INTERVAL_MS must be positive");
+            w.webhooks.probe_interval = Duration::from_millis(v);
+        }
+        if let Some(v) = s.webhook_release_concurrency {
+            anyhow::ensure!(v > 0, "OFFSHOOT_WEBHOOK_RELEASE_CONCURRENCY must be positive");
+            w.webhooks.release_concurrency = v;
         }
         if let Some(v) = s.log_format {
             c.log_format = match v.to_ascii_lowercase().as_str() {
