@@ -184,8 +184,12 @@ async fn hits_respect_shadow_bans_restricted_visibility_deletes_truncation_rewin
     // A channel never truncated, with a message as old as the truncated ones.
     let other = "agent:s-vis-other";
     app.channel(other, "u1", &["u1", "u2"]).await;
-    app.send_many(other, vec![json!({"id": "sv-other-0", "text": "needle old elsewhere", "user_id": "u1", "created_at": rfc3339(base)})], 1)
-        .await;
+    app.send_many(
+        other,
+        vec![json!({"id": "sv-other-0", "text": "needle old elsewhere", "user_id": "u1", "created_at": rfc3339(base)})],
+        1,
+    )
+    .await;
     app.post("/moderation/ban", &app.server(), json!({"target_user_id": "ghost", "shadow": true})).await.ok();
     let shadowed = app.say(cid, "ghost", "needle from a ghost").await;
     let restricted =

@@ -308,8 +308,7 @@ impl Store {
             let cond = b.tree(f, &mut |b, field, op| message_leaf(b, field, op))?;
             conds.push(cond);
         }
-        let hits =
-            format!("SELECT {MESSAGE_COLS}, {score} AS score FROM {from} WHERE {}", conds.join(" AND "));
+        let hits = format!("SELECT {MESSAGE_COLS}, {score} AS score FROM {from} WHERE {}", conds.join(" AND "));
         let source = if s.dedupe_copies { deduped(&mut b, s, &hits) } else { (String::new(), format!("({hits}) AS m")) };
         let before = s.cursor.as_ref().is_some_and(|c| c.previous);
         let mut sql = format!("{} SELECT {MESSAGE_COLS}, m.score FROM {}", source.0, source.1);
