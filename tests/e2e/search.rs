@@ -181,6 +181,15 @@ async fn hits_respect_shadow_bans_restricted_visibility_deletes_truncation_rewin
         .collect();
     app.send_many(cid, seeded, 1).await;
     app.post(&format!("{}/truncate", channel_path(cid)), &app.server(), json!({"truncated_at": rfc3339(base + 1_500_000)})).await.ok();
+    // A channel never truncated, with a message as old as the truncated ones.
+    let other = "agent:s-vis-other";
+    app.channel(other, "u1", &["u1", "u2"]).await;
+    app.send_many(
+        other,
+        vec![json!({"id": "sv-other-0", "text": "needle old elsewhere", "user_id": "u1", "created_at": rfc3339(base)})],
+        1,
+    )
+    .await;
     app.post("/moderation/ban", &app.server(), json!({"target_user_id": "ghost", "shadow": true})).await.ok();
     let shadowed = app.say(cid, "ghost", "needle from a ghost").await;
     let restricted =
@@ -200,6 +209,10 @@ async fn hits_respect_shadow_bans_restricted_visibility_deletes_truncation_rewin
     let kept = ["sv-old-2".to_string(), "sv-old-3".to_string()];
     let mut want_u2 = set(&[&kept[0], &kept[1], &restricted, &open]);
     assert_eq!(found(&app, &app.user("u2"), q.clone()).await, want_u2, "u2: the restricted message, not the ghost's");
+    let both = json!({"filter_conditions": {"cid": {"$in": [cid, other]}}, "query": "needle"});
+    let mut want_both = want_u2.clone();
+    want_both.insert("sv-other-0".to_string());
+    assert_eq!(found(&app, &app.user("u2"), both).await, want_both, "one channel's truncation hides nothing in another");
     assert_eq!(
         found(&app, &app.user("u1"), q.clone()).await,
         set(&[&kept[0], &kept[1], &restricted, &open]),

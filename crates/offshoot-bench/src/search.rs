@@ -7,7 +7,8 @@
 //! so the engine ranks thousands of matches per search).
 //!
 //! The goal: p50 ≤ 30 ms on both engines for the one-word query. Whether sends keep
-//! their figures with the index is read from figure f run before and after migration 0018.
+//! their figures with the index is read from figure f with and without the full-text index
+//! (docs/performance.md, "Message search").
 
 use crate::seed::Rng;
 use crate::server::{user_token, Api};

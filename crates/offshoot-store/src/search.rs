@@ -3,11 +3,16 @@
 //! ranked, sorted and paged; with `dedupe_copies`, one hit per source message across a source
 //! and its forks.
 //!
-//! The full-text indexes (migration 0018) are kept by the database in the transaction that
+//! The full-text indexes (migration 0020) are kept by the database in the transaction that
 //! writes a message, so sends, edits, deletes, fork copies and backfill pages need nothing
-//! here. SQLite: the FTS5 table `message_fts` (external content keyed by the message's rowid),
-//! ranked by `bm25`. PostgreSQL: the GIN index `message_search` of
-//! [`PG_DOCUMENT`], ranked by `ts_rank`. Relevance is "higher is better" on both.
+//! here. SQLite: the contentless FTS5 table `message_search` of each message's text and
+//! channel (keyed by the message's rowid), ranked by `bm25` of the text. PostgreSQL: the GIN
+//! index `message_search` of the generated column `search_document`, ranked by `ts_rank`.
+//! Relevance is "higher is better" on both.
+//!
+//! The statement reads no other table for the hits: each searched channel's truncation is read
+//! with the channel list and written into it as a constant, so the plan is the full-text index
+//! and the message table whatever the planner estimates (docs/performance.md, "Message search").
 
 use crate::channels::load_channels;
 use crate::messages::hydrate_messages_of;
@@ -23,9 +28,9 @@ use offshoot_core::Error;
 use serde_json::Value;
 use sqlx::AssertSqlSafe;
 
-/// The indexed document of a message on PostgreSQL: the expression of the `message_search`
-/// index (migration 0018), which a condition must repeat exactly for the index to serve it.
-const PG_DOCUMENT: &str = "to_tsvector('simple'::regconfig, offshoot_search_text(m.text))";
+/// The indexed document of a message on PostgreSQL: the generated column the `message_search`
+/// index covers (migration 0020).
+const PG_DOCUMENT: &str = "m.search_document";
 
 /// How many source links a copy's lineage is followed up to its original, for `dedupe_copies`
 /// (a fork of a fork of … records its direct source only).
@@ -49,9 +54,48 @@ struct Hit {
 /// The full-text match of `ft` as the engine's query text.
 fn match_text(backend: Backend, ft: &FullText) -> String {
     match backend {
-        // Each word a quoted FTS5 string (words hold letters and digits only), all required.
-        Backend::Sqlite => ft.words.iter().map(|w| format!("\"{w}\"{}", if ft.prefix { "*" } else { "" })).collect::<Vec<_>>().join(" "),
+        // Each word a quoted FTS5 string (words hold letters and digits only), all required,
+        // in the text column only.
+        Backend::Sqlite => format!(
+            "{{text}} : ({})",
+            ft.words.iter().map(|w| format!("\"{w}\"{}", if ft.prefix { "*" } else { "" })).collect::<Vec<_>>().join(" ")
+        ),
         Backend::Postgres => ft.words.iter().map(|w| format!("'{w}'{}", if ft.prefix { ":*" } else { "" })).collect::<Vec<_>>().join(" & "),
+    }
+}
+
+/// A channel's token in the `cid` column of SQLite's `message_search` (migration 0020): the
+/// hex of its cid's bytes, as SQLite's `hex()` writes it.
+fn channel_token(cid: &str) -> String {
+    cid.bytes().map(|b| format!("{b:02X}")).collect()
+}
+
+/// The FTS5 condition that a hit is in one of `channels`.
+fn channels_match(channels: &[SearchedChannel]) -> String {
+    format!("{{cid}} : ({})", channels.iter().map(|c| format!("\"{}\"", channel_token(&c.cid))).collect::<Vec<_>>().join(" OR "))
+}
+
+/// A channel a search looks in, with its truncation (messages created at or before it are
+/// hidden from every read).
+#[derive(sqlx::FromRow)]
+struct SearchedChannel {
+    cid: String,
+    truncated_at: Option<i64>,
+}
+
+/// The SQL expression (on message alias `m`) of the truncation of the hit's channel among
+/// `channels`, for [`visible_after`]: each truncated channel's time bound as a value, and
+/// `m.created_at - 1` (nothing hidden) for the others.
+fn truncation(b: &mut SqlBuilder, channels: &[SearchedChannel]) -> String {
+    let whens: Vec<String> = channels
+        .iter()
+        .filter_map(|c| c.truncated_at.map(|t| (c, t)))
+        .map(|(c, t)| format!("WHEN {} THEN {}", b.bind(Bind::S(c.cid.clone())), b.bind(Bind::I(t))))
+        .collect();
+    if whens.is_empty() {
+        "m.created_at - 1".to_string()
+    } else {
+        format!("CASE m.cid {} ELSE m.created_at - 1 END", whens.join(" "))
     }
 }
 
@@ -64,7 +108,7 @@ fn pg_query(p: &str) -> String {
 fn full_text_condition(b: &mut SqlBuilder, ft: &FullText) -> String {
     let p = b.bind(Bind::S(match_text(b.backend, ft)));
     match b.backend {
-        Backend::Sqlite => format!("m.rowid IN (SELECT rowid FROM message_fts WHERE message_fts MATCH {p})"),
+        Backend::Sqlite => format!("m.rowid IN (SELECT rowid FROM message_search WHERE message_search MATCH {p})"),
         Backend::Postgres => format!("{PG_DOCUMENT} @@ {}", pg_query(&p)),
     }
 }
@@ -190,17 +234,17 @@ impl Store {
     /// The channels `s` searches for `viewer`: those its channel filter selects that are not
     /// deleted and, for users other than admins, that they are a member of (as Query Channels
     /// and every channel read require), at most [`MAX_CHANNELS`], the most recently active first.
-    async fn search_channels(&self, s: &Search, viewer: &Viewer) -> Result<Vec<String>> {
+    async fn search_channels(&self, s: &Search, viewer: &Viewer) -> Result<Vec<SearchedChannel>> {
         let mut b = SqlBuilder::new(self.backend(), Vec::new());
         let cond = channel_condition(&mut b, &s.channels, viewer.user_id())?;
-        let mut sql = format!("SELECT c.cid FROM channel c WHERE c.deleted_at IS NULL AND {cond}");
+        let mut sql = format!("SELECT c.cid, c.truncated_at FROM channel c WHERE c.deleted_at IS NULL AND {cond}");
         if !viewer.is_admin() {
             let Some(uid) = viewer.user_id() else { return Ok(Vec::new()) };
             let p = b.bind(Bind::S(uid.to_string()));
             sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM member mo WHERE mo.cid = c.cid AND mo.user_id = {p})"));
         }
         sql.push_str(&format!(" ORDER BY c.last_message_at DESC NULLS LAST, c.cid LIMIT {MAX_CHANNELS}"));
-        Ok(sqlx::query_scalar_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(self.pool())).await?)
+        Ok(sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(self.pool())).await?)
     }
 
     /// Message search: a page of the hits `s` asks for that `viewer` may read, each with its
@@ -212,8 +256,8 @@ impl Store {
         if s.matches_nothing {
             return Ok(empty);
         }
-        let cids = self.search_channels(s, viewer).await?;
-        if cids.is_empty() {
+        let channels = self.search_channels(s, viewer).await?;
+        if channels.is_empty() {
             return Ok(empty);
         }
         let backend = self.backend();
@@ -222,14 +266,16 @@ impl Store {
         // again on PostgreSQL, and the UI kit sorts by `created_at`.
         let ranked = s.sort.iter().any(|x| x.field == MessageSortField::Relevance);
         // The ranking term: SQLite reads the FTS5 table first (bm25 needs its match in the
-        // FROM); PostgreSQL matches and ranks the indexed expression.
+        // FROM), matching the words in the text and the searched channels in the channel column
+        // (so FTS5 returns only the hits in those channels), the text alone weighing in bm25;
+        // PostgreSQL matches and ranks the stored document.
         let (from, score, mut conds) = match (&s.text, backend) {
             (Some(ft), Backend::Sqlite) => {
-                let p = b.bind(Bind::S(match_text(backend, ft)));
-                let rank = if ranked { "-bm25(message_fts)" } else { "0.0" };
+                let p = b.bind(Bind::S(format!("{} AND {}", match_text(backend, ft), channels_match(&channels))));
+                let rank = if ranked { "-bm25(message_search, 1.0, 0.0)" } else { "0.0" };
                 (
                     format!(
-                        "(SELECT rowid AS rid, {rank} AS score FROM message_fts WHERE message_fts MATCH {p}) AS h \
+                        "(SELECT rowid AS rid, {rank} AS score FROM message_search WHERE message_search MATCH {p}) AS h \
                          JOIN message m ON m.rowid = h.rid"
                     ),
                     "h.score".to_string(),
@@ -251,18 +297,18 @@ impl Store {
             }
             (None, _) => ("message m".to_string(), "CAST(0 AS DOUBLE PRECISION)".to_string(), Vec::new()),
         };
-        let in_channels = cids.iter().map(|c| b.bind(Bind::S(c.clone()))).collect::<Vec<_>>().join(", ");
+        let in_channels = channels.iter().map(|c| b.bind(Bind::S(c.cid.clone()))).collect::<Vec<_>>().join(", ");
         conds.push(format!("m.cid IN ({in_channels})"));
         conds.push("m.deleted_at IS NULL AND m.type NOT IN ('ephemeral', 'error', 'deleted')".to_string());
         // The visibility of channel reads (`messages::visible_to`), each channel's truncation
-        // read from its row.
-        conds.push(visible_after(viewer, "COALESCE(c.truncated_at, m.created_at - 1)", &mut b.binds));
+        // as read with the channel list.
+        let truncated = truncation(&mut b, &channels);
+        conds.push(visible_after(viewer, &truncated, &mut b.binds));
         if let Some(f) = &s.filter {
             let cond = b.tree(f, &mut |b, field, op| message_leaf(b, field, op))?;
             conds.push(cond);
         }
-        let hits =
-            format!("SELECT {MESSAGE_COLS}, {score} AS score FROM {from} JOIN channel c ON c.cid = m.cid WHERE {}", conds.join(" AND "));
+        let hits = format!("SELECT {MESSAGE_COLS}, {score} AS score FROM {from} WHERE {}", conds.join(" AND "));
         let source = if s.dedupe_copies { deduped(&mut b, s, &hits) } else { (String::new(), format!("({hits}) AS m")) };
         let before = s.cursor.as_ref().is_some_and(|c| c.previous);
         let mut sql = format!("{} SELECT {MESSAGE_COLS}, m.score FROM {}", source.0, source.1);
@@ -271,7 +317,20 @@ impl Store {
         }
         sql.push_str(&format!(" ORDER BY {} LIMIT {} OFFSET {}", order_by(&s.sort, before), s.limit + 1, s.offset));
         let mut conn = self.pool().acquire().await?;
-        let rows: Vec<Hit> = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(&mut *conn)).await?;
+        let rows: Vec<Hit> = match backend {
+            // The store's connections plan without bitmap scans (docs/performance.md,
+            // "PostgreSQL without statistics"), and a GIN index is read by nothing else: the
+            // statement runs in a transaction that allows them, so its plan is the index
+            // whatever the planner estimates.
+            Backend::Postgres => {
+                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                sqlx::query("SET LOCAL enable_bitmapscan = on").execute(crate::counted(&mut *tx)).await?;
+                let rows = sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(&mut *tx)).await?;
+                tx.commit().await?;
+                rows
+            }
+            Backend::Sqlite => sqlx::query_as_with(AssertSqlSafe(sql), arguments(&b.binds)?).fetch_all(crate::counted(&mut *conn)).await?,
+        };
         let more = rows.len() as i64 > s.limit;
         let mut hits: Vec<(Message, f64)> = rows.into_iter().take(s.limit as usize).map(|h| (Message::from(h.row), h.score)).collect();
         if before {
