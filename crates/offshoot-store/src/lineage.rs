@@ -210,8 +210,9 @@ impl Store {
         args.add(max_nodes).map_err(encode)?;
         args.add(user_id.map(str::to_string)).map_err(encode)?;
         args.add(max_nodes + 1).map_err(encode)?;
-        // On SQLite the rows cross as one JSON text: a thousand rows of 22 columns through
-        // sqlx's `Any` driver cost more than the statement (docs/performance.md, "Lineage").
+        // On SQLite the rows cross as one JSON text that SQLite builds, not as a thousand rows
+        // of 22 columns converted one by one by sqlx's `Any` driver (docs/performance.md,
+        // "Lineage").
         let mut conn = self.pool().acquire().await?;
         let mut rows: Vec<NodeRow> = rows::fetch_json(&mut conn, &sql, NODE_COLS, args).await?;
         drop(conn);
