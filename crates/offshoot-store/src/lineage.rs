@@ -1,11 +1,17 @@
 //! A channel's whole fork tree in one statement: up the `source` links to the root, then every
 //! fork below it to any depth, breadth first (docs/fork.md, "Lineage").
 
-use crate::rows::{Flag, Json};
+use crate::rows::{self, Flag, Json};
 use crate::{Result, Store, StoreError};
 use offshoot_core::model::{Custom, ForkStatus, ForkSummary};
-use sqlx::AssertSqlSafe;
+use serde::Deserialize;
+use sqlx::any::AnyArguments;
+use sqlx::Arguments;
 use std::collections::HashSet;
+
+fn encode(e: sqlx::error::BoxDynError) -> StoreError {
+    StoreError::Db(sqlx::Error::Encode(e))
+}
 
 /// Nodes a lineage returns when the caller names no bound.
 pub const DEFAULT_MAX_NODES: i64 = 1_000;
@@ -65,7 +71,17 @@ pub struct Lineage {
     pub truncated: bool,
 }
 
-#[derive(sqlx::FromRow)]
+/// The columns of the statement, in [`NodeRow`]'s field order (the names [`rows::fetch_json`]
+/// reads them by on SQLite).
+const NODE_COLS: &str = "cid, parent_cid, depth, present, custom, member_count, created_at, deleted_at, \
+    f_source_cid, f_source_message_id, f_status, f_copied_message_count, f_total_message_count, f_truncated, \
+    f_oldest_source_message_id, f_failed_reason, f_task_id, f_created_by_id, f_created_at, f_updated_at, \
+    fork_point_text, member";
+
+/// One node as the statement returns it, as sqlx columns (PostgreSQL) or as a JSON array of
+/// [`NODE_COLS`] (SQLite). The `f_` columns are the fork record's, all NULL for a node that is
+/// no fork (the root).
+#[derive(sqlx::FromRow, Deserialize)]
 struct NodeRow {
     cid: String,
     parent_cid: Option<String>,
@@ -75,15 +91,6 @@ struct NodeRow {
     member_count: i64,
     created_at: Option<i64>,
     deleted_at: Option<i64>,
-    #[sqlx(flatten)]
-    fork: ForkCols,
-    fork_point_text: Option<String>,
-    member: Flag,
-}
-
-/// The fork record's columns, all NULL for a node that is no fork (the root).
-#[derive(sqlx::FromRow)]
-struct ForkCols {
     f_source_cid: Option<String>,
     f_source_message_id: Option<String>,
     f_status: Option<String>,
@@ -96,29 +103,55 @@ struct ForkCols {
     f_created_by_id: Option<String>,
     f_created_at: Option<i64>,
     f_updated_at: Option<i64>,
+    fork_point_text: Option<String>,
+    member: Flag,
 }
 
-impl ForkCols {
-    fn summary(self, cid: &str) -> Result<Option<ForkSummary>> {
-        let Some(status) = self.f_status else { return Ok(None) };
-        let Some(status) = ForkStatus::parse(&status) else {
-            return Err(StoreError::Db(sqlx::Error::Decode(format!("unknown fork status {status:?}").into())));
+impl NodeRow {
+    /// Its place in the answer's order: by depth, then by creation time (the fork record's,
+    /// which is the node's; the root's is its own level), then cid.
+    fn order_key(&self) -> (i64, i64, &str) {
+        (self.depth, self.f_created_at.unwrap_or_default(), &self.cid)
+    }
+
+    fn node(self) -> Result<LineageNode> {
+        let fork = match self.f_status {
+            None => None,
+            Some(status) => {
+                let Some(status) = ForkStatus::parse(&status) else {
+                    return Err(StoreError::Db(sqlx::Error::Decode(format!("unknown fork status {status:?}").into())));
+                };
+                Some(ForkSummary {
+                    channel_cid: self.cid.clone(),
+                    source_channel_cid: self.f_source_cid.unwrap_or_default(),
+                    source_message_id: self.f_source_message_id.unwrap_or_default(),
+                    status,
+                    copied_message_count: self.f_copied_message_count.unwrap_or_default(),
+                    total_message_count: self.f_total_message_count,
+                    truncated: self.f_truncated.is_some_and(|t| t.0),
+                    oldest_source_message_id: self.f_oldest_source_message_id,
+                    failed_reason: self.f_failed_reason,
+                    task_id: self.f_task_id,
+                    created_by_id: self.f_created_by_id,
+                    created_at: self.f_created_at.unwrap_or_default(),
+                    updated_at: self.f_updated_at.unwrap_or_default(),
+                })
+            }
         };
-        Ok(Some(ForkSummary {
-            channel_cid: cid.to_string(),
-            source_channel_cid: self.f_source_cid.unwrap_or_default(),
-            source_message_id: self.f_source_message_id.unwrap_or_default(),
-            status,
-            copied_message_count: self.f_copied_message_count.unwrap_or_default(),
-            total_message_count: self.f_total_message_count,
-            truncated: self.f_truncated.is_some_and(|t| t.0),
-            oldest_source_message_id: self.f_oldest_source_message_id,
-            failed_reason: self.f_failed_reason,
-            task_id: self.f_task_id,
-            created_by_id: self.f_created_by_id,
-            created_at: self.f_created_at.unwrap_or_default(),
-            updated_at: self.f_updated_at.unwrap_or_default(),
-        }))
+        Ok(LineageNode {
+            channel: self.present.0.then(|| LineageChannel {
+                custom: self.custom.map(|c| c.0).unwrap_or_default(),
+                member_count: self.member_count,
+                created_at: self.created_at.unwrap_or_default(),
+                deleted_at: self.deleted_at,
+            }),
+            fork,
+            cid: self.cid,
+            parent_cid: self.parent_cid,
+            depth: self.depth,
+            fork_point_text: self.fork_point_text,
+            member: self.member.0,
+        })
     }
 }
 
@@ -169,17 +202,22 @@ impl Store {
                 (SELECT substr(m.text, 1, {FORK_POINT_CHARS}) FROM message m WHERE m.id = o.source_message_id AND m.cid = o.source_cid \
                     AND m.deleted_at IS NULL AND m.type <> 'deleted' AND m.shadowed = FALSE AND m.restricted_visibility = '[]') AS fork_point_text, \
                 EXISTS (SELECT 1 FROM member mu WHERE mu.cid = t.cid AND mu.user_id = $4) AS member \
-             FROM cut t LEFT JOIN channel c ON c.cid = t.cid LEFT JOIN fork o ON o.cid = t.cid \
-             ORDER BY t.depth, t.created_at, t.cid"
+             FROM cut t LEFT JOIN channel c ON c.cid = t.cid LEFT JOIN fork o ON o.cid = t.cid"
         );
-        let rows: Vec<NodeRow> = sqlx::query_as(AssertSqlSafe(sql))
-            .bind(cid.to_string())
-            .bind(MAX_ANCESTORS)
-            .bind(max_nodes)
-            .bind(user_id.map(str::to_string))
-            .bind(max_nodes + 1)
-            .fetch_all(crate::counted(self.pool()))
-            .await?;
+        let mut args = AnyArguments::default();
+        args.add(cid.to_string()).map_err(encode)?;
+        args.add(MAX_ANCESTORS).map_err(encode)?;
+        args.add(max_nodes).map_err(encode)?;
+        args.add(user_id.map(str::to_string)).map_err(encode)?;
+        args.add(max_nodes + 1).map_err(encode)?;
+        // On SQLite the rows cross as one JSON text that SQLite builds, not as a thousand rows
+        // of 22 columns converted one by one by sqlx's `Any` driver (docs/performance.md,
+        // "Lineage").
+        let mut conn = self.pool().acquire().await?;
+        let mut rows: Vec<NodeRow> = rows::fetch_json(&mut conn, &sql, NODE_COLS, args).await?;
+        drop(conn);
+        // The JSON read does not keep the statement's order.
+        rows.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
         let root_cid = rows.first().map(|r| r.cid.clone()).unwrap_or_else(|| cid.to_string());
         let truncated = rows.len() as i64 > max_nodes;
         // A cid met twice is a loop (see MAX_ANCESTORS): its first, shallowest, place is kept.
@@ -188,22 +226,7 @@ impl Store {
             .into_iter()
             .take(max_nodes as usize)
             .filter(|r| seen.insert(r.cid.clone()))
-            .map(|r| {
-                Ok(LineageNode {
-                    channel: r.present.0.then(|| LineageChannel {
-                        custom: r.custom.map(|c| c.0).unwrap_or_default(),
-                        member_count: r.member_count,
-                        created_at: r.created_at.unwrap_or_default(),
-                        deleted_at: r.deleted_at,
-                    }),
-                    fork: r.fork.summary(&r.cid)?,
-                    cid: r.cid,
-                    parent_cid: r.parent_cid,
-                    depth: r.depth,
-                    fork_point_text: r.fork_point_text,
-                    member: r.member.0,
-                })
-            })
+            .map(NodeRow::node)
             .collect::<Result<Vec<_>>>()?;
         Ok(Lineage { root_cid, nodes, truncated })
     }
