@@ -7,12 +7,13 @@ uploads in a temporary directory, and a shutdown that must be clean.
         ...  # srv.base_url
     if srv.unclean: ...  # the server died early, hung on SIGTERM or exited non-zero
 
-Standard library only: every runner's virtualenv can import it (each runner puts tests/ on
+Standard library only (but `ServerApi`, which needs PyJWT): every runner's virtualenv can import it (each runner puts tests/ on
 sys.path).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -176,6 +177,54 @@ class Server:
 
     def print_log(self) -> None:
         print(f"\n--- server log ({self.backend}, exit {self.returncode}) ---\n{self.log_tail()}", file=sys.stderr)
+
+    def verdict(self, ok: bool) -> bool:
+        """The pass's result after the server stopped: `ok`, unless the shutdown was unclean;
+        on failure the server's log is printed."""
+        if self.unclean:
+            print(f"{self.unclean} ({self.backend})", file=sys.stderr)
+            ok = False
+        if not ok:
+            self.print_log()
+        return ok
+
+
+class ServerApi:
+    """Server-side calls the plain-HTTP way (README, "Pointing the official SDKs at Offshoot"),
+    for runners that seed data: `call` answers the JSON body and raises `failure` on an
+    unexpected status. Needs PyJWT in the runner's virtualenv (imported here only)."""
+
+    failure: type[Exception] = AssertionError
+
+    def __init__(self, base: str, api_key: str, api_secret: str):
+        import jwt  # noqa: PLC0415 (the SDK and fuzz runners import this module without PyJWT)
+
+        self.base = base
+        self.api_key = api_key
+        self.token = jwt.encode({"server": True}, api_secret, algorithm="HS256")
+
+    def call(self, method: str, path: str, body=None, expect: int | None = 200):
+        sep = "&" if "?" in path else "?"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.base}{path}{sep}api_key={self.api_key}", data=data, method=method)
+        req.add_header("Authorization", self.token)
+        req.add_header("stream-auth-type", "jwt")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                status, text = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read()
+        out = json.loads(text) if text else {}
+        if expect is not None and status != expect:
+            raise self.failure(f"{method} {path}: {status} {out}")
+        return out
+
+    def channel(self, cid: str, name: str, members: list[str]):
+        kind, cid_id = cid.split(":", 1)
+        body = {"data": {"name": name, "created_by_id": members[0], "members": members}, "state": True}
+        return self.call("POST", f"/channels/{kind}/{cid_id}/query", body)
 
 
 def each_backend(name: str, prefix: str, pg_url: str | None, run_pass: Callable[[str, str, Path], bool]) -> int:

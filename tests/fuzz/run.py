@@ -93,12 +93,7 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, max_e
         print(f"--- long values on {backend}: {len(failures)} of {len(long_values.probes())} probes failed", flush=True)
         code = code or (1 if failures else 0)
     print(f"--- schemathesis on {backend}: exit {code} in {time.monotonic() - started:.0f}s", flush=True)
-    if server.unclean:
-        print(f"{server.unclean} ({backend})", file=sys.stderr)
-        code = code or 1
-    if code != 0:
-        server.print_log()
-    return code == 0
+    return server.verdict(code == 0)
 
 
 def main() -> int:

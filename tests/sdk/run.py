@@ -52,12 +52,7 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path, pytes
         if code == 5:
             print(f"pytest collected no SDK tests on {backend}", file=sys.stderr)
             code = 1
-    if server.unclean:
-        print(f"{server.unclean} ({backend})", file=sys.stderr)
-        code = code or 1
-    if code != 0:
-        server.print_log()
-    return code == 0
+    return server.verdict(code == 0)
 
 
 def main() -> int:

@@ -55,7 +55,7 @@ from playwright.sync_api import Page, sync_playwright
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from offshoot_harness import NO_LIMITS, Server, binary_or_exit, each_backend  # noqa: E402
+from offshoot_harness import NO_LIMITS, Server, ServerApi, binary_or_exit, each_backend  # noqa: E402
 
 DIST = HERE / "dist"
 SHOTS = HERE / "screenshots"
@@ -123,35 +123,13 @@ def pdf(text: str) -> bytes:
 # ---------------------------------------------------------------------------- the API
 
 
-class Api:
-    """Server-side calls, Stream's plain-HTTP way (README, "Pointing the official SDKs at Offshoot")."""
+class Api(ServerApi):
+    """Server-side calls (offshoot_harness.ServerApi) and the ones this test seeds with."""
+
+    failure = Failure
 
     def __init__(self, base: str):
-        self.base = base
-        self.token = jwt.encode({"server": True}, API_SECRET, algorithm="HS256")
-
-    def call(self, method: str, path: str, body=None, expect: int | None = 200):
-        sep = "&" if "?" in path else "?"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.base}{path}{sep}api_key={API_KEY}", data=data, method=method)
-        req.add_header("Authorization", self.token)
-        req.add_header("stream-auth-type", "jwt")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                status, text = r.status, r.read()
-        except urllib.error.HTTPError as e:
-            status, text = e.code, e.read()
-        out = json.loads(text) if text else {}
-        if expect is not None and status != expect:
-            raise Failure(f"{method} {path}: {status} {out}")
-        return out
-
-    def channel(self, cid: str, name: str, members: list[str]):
-        kind, cid_id = cid.split(":", 1)
-        body = {"data": {"name": name, "created_by_id": members[0], "members": members}, "state": True}
-        return self.call("POST", f"/channels/{kind}/{cid_id}/query", body)
+        super().__init__(base, API_KEY, API_SECRET)
 
     def message(self, cid: str, user: str, text: str):
         kind, cid_id = cid.split(":", 1)
@@ -434,12 +412,7 @@ def run_pass(backend: str, binary: Path, database_url: str, workdir: Path) -> bo
             ok = True
     except Exception:  # noqa: BLE001 (every failure is reported and fails the pass)
         traceback.print_exc()
-    if server.unclean:
-        print(f"{server.unclean} ({backend})", file=sys.stderr)
-        ok = False
-    if not ok:
-        server.print_log()
-    return ok
+    return server.verdict(ok)
 
 
 def install_and_build() -> None:
