@@ -709,8 +709,9 @@ async fn the_cli_lists_dead_letters_with_a_limit_and_replays_one_by_id_then_all(
     let mut receiver = switchable(410).await;
     server.users(&["u1"]).await;
     server.channel("agent:cli", "u1", &["u1"]).await;
-    // Hooked from here on: the three messages are the only events sent.
-    server.patch("/app", &server.server(), json!({"webhook_url": receiver.url})).await.ok();
+    // Hooked from here on, for messages only: the three messages are the only events sent (the
+    // filter also keeps out the channel's own events should the relay read them after the hook).
+    server.patch("/app", &server.server(), json!({"webhook_url": receiver.url, "webhook_events": ["message.new"]})).await.ok();
     let mut log = Vec::new();
     let mut ids = Vec::new();
     for text in ["gone 0", "gone 1", "gone 2"] {
